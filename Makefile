@@ -1,0 +1,58 @@
+# Set-up and entry points. `make run` and `make test` each build everything they need from
+# nothing: a virtual environment, torch, the build tools, and this package.
+#
+#   TORCH=cuda (default)  torch==2.14.1, the CUDA 13.0 build: with nvcc on the machine the
+#                         CUDA kernels are compiled (sm_90a and sm_80) as well as the CPU ones.
+#   TORCH=cpu             torch==2.13.0, the small CPU-only build: CPU kernels only.
+#   CUDA_ARCHS="90a;80"   architectures for the CUDA kernels.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= cuda
+CUDA_ARCHS ?= 90a;80
+PYTEST_ARGS ?=
+
+ifeq ($(TORCH),cpu)
+  TORCH_SPEC := torch==2.13.0
+  CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=OFF
+else ifeq ($(TORCH),cuda)
+  TORCH_SPEC := torch==2.14.1
+  NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+  CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=ON -Ccmake.define.EAGLE3_REQUIRE_CUDA=ON
+  export CUDACXX := $(NVCC)
+  export EAGLE3_EXPECT_CUDA := 1
+else
+  $(error TORCH must be cuda or cpu, got '$(TORCH)')
+endif
+
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.deps-$(TORCH)
+
+.PHONY: all run test install bench clean
+all: test
+
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -r requirements-dev.txt
+	rm -f $(VENV)/.deps-*
+	touch $@
+
+install: $(STAMP)
+	$(PY) -m pip install -q --no-build-isolation --no-deps . $(CMAKE_CUDA) \
+	  "-Ccmake.define.EAGLE3_CUDA_ARCHS=$(CUDA_ARCHS)"
+	$(PY) -c "import eagle3_ext, json; print(json.dumps(eagle3_ext.build_info()))"
+
+# The main job. Until the speculative generator lands this is the op benchmark.
+run: install
+	$(PY) benchmarks/bench_fused_aux_fc.py --quick
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/bench_fused_aux_fc.py --out bench-results/fused_aux_fc_cpu.json
+
+clean:
+	rm -rf build dist bench-results

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The prepared check for a lent GPU machine (no internet there: it uses the Python, torch,
+# CMake, ninja, scikit-build-core and pybind11 already installed). It builds the extension
+# from source for the local GPU, runs the CUDA tests and the GPU benchmarks, and writes one
+# JSON report plus logs into $OUT (or ./bench-results). Sized to finish in under 8 minutes.
+#
+#   bash benchmarks/gpu_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out_dir=${OUT:-bench-results}
+mkdir -p "$out_dir"
+export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+export CUDACXX=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+arch=$($py -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'{m}{n}a' if m >= 9 else f'{m}{n}')")
+
+echo "== build for sm_$arch"
+start=$(date +%s)
+$py -m pip install -q --no-build-isolation --no-deps --target /tmp/eagle3_site . \
+  -Ccmake.define.EAGLE3_REQUIRE_CUDA=ON "-Ccmake.define.EAGLE3_CUDA_ARCHS=$arch" \
+  > "$out_dir/build.log" 2>&1 || { tail -50 "$out_dir/build.log"; exit 1; }
+echo "built in $(( $(date +%s) - start )) s"
+export PYTHONPATH=/tmp/eagle3_site${PYTHONPATH:+:$PYTHONPATH}
+
+echo "== CUDA tests"
+$py -m pytest -q -m cuda -p no:cacheprovider tests --junitxml "$out_dir/cuda_tests.xml" 2>&1 \
+  | tee "$out_dir/cuda_tests.log" | tail -25
+tests_rc=${PIPESTATUS[0]}
+
+echo "== benchmarks"
+$py benchmarks/bench_fused_aux_fc.py --device cuda --dtype bf16 --budget 0.3 \
+  --out "$out_dir/fused_aux_fc_cuda.json"
+bench_rc=$?
+
+$py - "$out_dir" "$tests_rc" <<'PY'
+import json, os, sys
+out, tests_rc = sys.argv[1], int(sys.argv[2])
+report = {"cuda_tests_exit_code": tests_rc, "benchmarks": {}}
+for name in sorted(os.listdir(out)):
+    if name.endswith("_cuda.json"):
+        with open(os.path.join(out, name)) as f:
+            report["benchmarks"][name[:-5]] = json.load(f)
+with open(os.path.join(out, "gpu_report.json"), "w") as f:
+    json.dump(report, f, indent=2)
+print("wrote", os.path.join(out, "gpu_report.json"))
+PY
+exit $(( tests_rc != 0 || bench_rc != 0 ))

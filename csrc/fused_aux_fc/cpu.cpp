@@ -1,0 +1,126 @@
+// CPU entry of eagle3::fused_aux_fc.
+//
+// Few rows (decode): the streaming kernel reads the weight once and accumulates all k
+// segments in fp32 registers.
+// More rows, float32: one ATen GEMM per weight column block, accumulated into the output
+// (beta = 1); fp32 accumulation is exact and no activation is copied.
+// More rows, float16 / bfloat16: ATen's half-precision GEMMs round their output, so
+// accumulating column blocks would round the running sum k times, and GEMMs over K = H are
+// measurably less efficient than one over K = k * H. Instead row tiles of the k segments are
+// packed side by side into a reused, cache-sized scratch buffer and each tile runs one GEMM
+// over the full K with fp32 accumulation: the [rows, k * hidden] concatenation never exists,
+// and nothing is allocated per call beyond the output.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "common/dispatch.h"
+#include "fused_aux_fc/cpu_stream.h"
+#include "fused_aux_fc/inputs.h"
+
+namespace eagle3::fused_aux_fc {
+namespace {
+
+// Output features per parallel task of the streaming kernel.
+constexpr int64_t kStreamGrain = 16;
+
+template <typename scalar_t>
+void run_stream_kernel(const Problem& p, at::Tensor& out) {
+  StreamArgs<scalar_t> a;
+  a.k = static_cast<int64_t>(p.segments.size());
+  using x_type = typename StreamArgs<scalar_t>::x_type;
+  // float16 activations are widened once (they are tiny next to the weight) so the inner
+  // loop is a plain fp32 multiply-add.
+  std::vector<at::Tensor> xs;
+  for (int64_t s = 0; s < a.k; ++s) {
+    xs.push_back(p.segments[s].to(c10::CppTypeToScalarType<x_type>::value));
+    a.x[s] = xs.back().data_ptr<x_type>();
+    a.x_stride[s] = xs.back().stride(0);
+  }
+  a.weight = p.weight.data_ptr<scalar_t>();
+  a.w_stride = p.weight.stride(0);
+  a.bias = p.bias.defined() ? p.bias.data_ptr<scalar_t>() : nullptr;
+  a.out = out.data_ptr<scalar_t>();
+  a.rows = p.rows;
+  a.hidden = p.hidden;
+  a.out_features = p.out_features;
+  at::parallel_for(0, p.out_features, kStreamGrain, [&](int64_t begin, int64_t end) {
+    stream_features<scalar_t>(a, begin, end);
+  });
+}
+
+// Scratch budget for one packed row tile: large enough that a tile is a full-speed GEMM,
+// small enough to stay in the last-level cache between packing and use.
+constexpr int64_t kPackBytes = 8 << 20;
+constexpr int64_t kMinPackRows = 64;
+
+void run_packed_row_tiles(const Problem& p, at::Tensor& out) {
+  const int64_t k = static_cast<int64_t>(p.segments.size());
+  const int64_t width = k * p.hidden;
+  const int64_t row_bytes = width * p.weight.element_size();
+  const int64_t tile_rows = std::min(p.rows, std::max(kMinPackRows, kPackBytes / row_bytes));
+  thread_local at::Tensor scratch;
+  if (!scratch.defined() || scratch.scalar_type() != p.weight.scalar_type() ||
+      scratch.numel() < tile_rows * width) {
+    scratch = at::empty({tile_rows * width}, p.weight.options());
+  }
+  const at::Tensor w_t = p.weight.t();
+  for (int64_t r0 = 0; r0 < p.rows; r0 += tile_rows) {
+    const int64_t n = std::min(tile_rows, p.rows - r0);
+    at::Tensor tile = scratch.narrow(0, 0, n * width).view({n, width});
+    for (int64_t s = 0; s < k; ++s) {
+      tile.narrow(1, s * p.hidden, p.hidden).copy_(p.segments[s].narrow(0, r0, n));
+    }
+    at::Tensor out_tile = out.narrow(0, r0, n);
+    if (p.bias.defined()) {
+      at::addmm_out(out_tile, p.bias, tile, w_t);
+    } else {
+      at::mm_out(out_tile, tile, w_t);
+    }
+  }
+}
+
+void run_segment_gemms(const Problem& p, at::Tensor& out) {
+  const int64_t k = static_cast<int64_t>(p.segments.size());
+  for (int64_t s = 0; s < k; ++s) {
+    at::Tensor w_s = p.weight.narrow(1, s * p.hidden, p.hidden).t();
+    if (s == 0) {
+      if (p.bias.defined()) {
+        at::addmm_out(out, p.bias, p.segments[0], w_s);
+      } else {
+        at::mm_out(out, p.segments[0], w_s);
+      }
+    } else {
+      out.addmm_(p.segments[s], w_s);
+    }
+  }
+}
+
+at::Tensor fused_aux_fc_cpu(at::TensorList aux_hidden, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
+  Problem p = check_and_flatten(aux_hidden, weight, bias);
+  at::Tensor out = at::empty({p.rows, p.out_features}, p.weight.options());
+  if (p.rows > 0 && p.out_features > 0) {
+    bool streamed = false;
+    EAGLE3_DISPATCH_FLOAT_TYPES(out.scalar_type(), "fused_aux_fc", [&] {
+      if (p.rows <= kStreamMaxRows<scalar_t> && stream_kernel_supported<scalar_t>()) {
+        run_stream_kernel<scalar_t>(p, out);
+        streamed = true;
+      }
+    });
+    if (!streamed) {
+      if (p.weight.scalar_type() == at::kFloat) {
+        run_segment_gemms(p, out);
+      } else {
+        run_packed_row_tiles(p, out);
+      }
+    }
+  }
+  return out.view(p.out_shape);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(eagle3, CPU, m) { m.impl("fused_aux_fc", &fused_aux_fc_cpu); }
+
+}  // namespace eagle3::fused_aux_fc

@@ -1,0 +1,156 @@
+// The AVX-512 streaming kernel of fused_aux_fc (compiled with AVX-512 flags, see
+// CMakeLists.txt; callers check stream_kernel_supported() first).
+//
+// Work split: the caller hands each thread a range of output features (weight rows). A
+// thread walks them in blocks of kFeatureTile weight rows; for each block it sweeps the
+// activation rows in tiles of up to kRowTile, keeping a kFeatureTile x kRowTile grid of fp32
+// vector accumulators in registers over the whole k * hidden reduction. Every weight byte
+// comes from memory once (later row tiles find the block in L2), and every loaded vector
+// feeds kRowTile (or kFeatureTile) multiply-adds, so few rows run at memory speed.
+// bfloat16 uses the AVX512-BF16 dot product (exact products, fp32 sums); float16 widens to
+// fp32 on load; all three dtypes accumulate in fp32.
+#include "fused_aux_fc/cpu_stream.h"
+
+#include <immintrin.h>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+namespace eagle3::fused_aux_fc {
+namespace {
+
+
+// One vector step of the reduction for each dtype: how many hidden elements it covers, how
+// to load a (masked) step of weights and activations, and the multiply-add.
+template <typename scalar_t>
+struct Step;
+
+template <>
+struct Step<float> {
+  using Acc = __m512;
+  static constexpr int64_t kWidth = 16;
+  static constexpr int64_t kFeatureTile = 4;
+  static constexpr int64_t kRowTile = 4;
+  using W = __m512;
+  using X = __m512;
+  static W load_w(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+  static X load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+  static Acc fma(Acc acc, W w, X x) { return _mm512_fmadd_ps(w, x, acc); }
+  static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+};
+
+template <>
+struct Step<c10::Half> {
+  using Acc = __m512;
+  static constexpr int64_t kWidth = 16;
+  static constexpr int64_t kFeatureTile = 4;
+  static constexpr int64_t kRowTile = 4;
+  using W = __m512;
+  using X = __m512;
+  static W load_w(const c10::Half* p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+  }
+  static X load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+  static Acc fma(Acc acc, W w, X x) { return _mm512_fmadd_ps(w, x, acc); }
+  static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+};
+
+template <>
+struct Step<c10::BFloat16> {
+  using Acc = __m512;
+  static constexpr int64_t kWidth = 32;
+  static constexpr int64_t kFeatureTile = 4;
+  static constexpr int64_t kRowTile = 4;
+  using W = __m512bh;
+  using X = __m512bh;
+  static W load_w(const c10::BFloat16* p, __mmask32 m) {
+    return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
+  }
+  static X load_x(const c10::BFloat16* p, __mmask32 m) {
+    return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
+  }
+  static Acc fma(Acc acc, W w, X x) { return _mm512_dpbf16_ps(acc, w, x); }
+  static __mmask32 mask(int64_t n) {
+    return static_cast<__mmask32>(n >= 32 ? 0xffffffffu : ((1u << n) - 1u));
+  }
+};
+
+// Accumulates out[row0 + r, n0 + f] for f < kF, r < kR over all k segments.
+template <typename scalar_t, int64_t kF, int64_t kR>
+void tile(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0) {
+  using S = Step<scalar_t>;
+  using XT = typename StreamArgs<scalar_t>::x_type;
+  typename S::Acc acc[kF][kR];
+  for (int64_t f = 0; f < kF; ++f)
+    for (int64_t r = 0; r < kR; ++r) acc[f][r] = _mm512_setzero_ps();
+  const int64_t h_full = a.hidden - a.hidden % S::kWidth;
+  const auto full = S::mask(S::kWidth);
+  const auto rest = S::mask(a.hidden - h_full);
+  for (int64_t s = 0; s < a.k; ++s) {
+    const scalar_t* w = a.weight + n0 * a.w_stride + s * a.hidden;
+    const XT* x = a.x[s] + row0 * a.x_stride[s];
+    for (int64_t h = 0; h < a.hidden; h += S::kWidth) {
+      const auto m = h < h_full ? full : rest;
+      typename S::W wv[kF];
+      for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * a.w_stride + h, m);
+      for (int64_t r = 0; r < kR; ++r) {
+        const typename S::X xv = S::load_x(x + r * a.x_stride[s] + h, m);
+        for (int64_t f = 0; f < kF; ++f) acc[f][r] = S::fma(acc[f][r], wv[f], xv);
+      }
+    }
+  }
+  for (int64_t f = 0; f < kF; ++f) {
+    const float b = a.bias ? static_cast<float>(a.bias[n0 + f]) : 0.f;
+    for (int64_t r = 0; r < kR; ++r)
+      a.out[(row0 + r) * a.out_features + n0 + f] =
+          static_cast<scalar_t>(_mm512_reduce_add_ps(acc[f][r]) + b);
+  }
+}
+
+template <typename scalar_t, int64_t kF>
+void feature_block(const StreamArgs<scalar_t>& a, int64_t n0) {
+  constexpr int64_t kRowTile = Step<scalar_t>::kRowTile;
+  int64_t row = 0;
+  for (; row + kRowTile <= a.rows; row += kRowTile) tile<scalar_t, kF, kRowTile>(a, n0, row);
+  switch (a.rows - row) {
+    case 7: tile<scalar_t, kF, 7>(a, n0, row); break;
+    case 6: tile<scalar_t, kF, 6>(a, n0, row); break;
+    case 5: tile<scalar_t, kF, 5>(a, n0, row); break;
+    case 4: tile<scalar_t, kF, 4>(a, n0, row); break;
+    case 3: tile<scalar_t, kF, 3>(a, n0, row); break;
+    case 2: tile<scalar_t, kF, 2>(a, n0, row); break;
+    case 1: tile<scalar_t, kF, 1>(a, n0, row); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+template <typename scalar_t>
+bool stream_kernel_supported() {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    return avx512 && __builtin_cpu_supports("avx512bf16");
+  }
+  return avx512;
+}
+
+template <typename scalar_t>
+void stream_features(const StreamArgs<scalar_t>& a, int64_t feature_begin, int64_t feature_end) {
+  int64_t n = feature_begin;
+  constexpr int64_t kFeatureTile = Step<scalar_t>::kFeatureTile;
+  for (; n + kFeatureTile <= feature_end; n += kFeatureTile)
+    feature_block<scalar_t, kFeatureTile>(a, n);
+  for (; n < feature_end; ++n) feature_block<scalar_t, 1>(a, n);
+}
+
+#define EAGLE3_INSTANTIATE(T)                         \
+  template bool stream_kernel_supported<T>();        \
+  template void stream_features<T>(const StreamArgs<T>&, int64_t, int64_t);
+EAGLE3_INSTANTIATE(float)
+EAGLE3_INSTANTIATE(c10::Half)
+EAGLE3_INSTANTIATE(c10::BFloat16)
+#undef EAGLE3_INSTANTIATE
+
+}  // namespace eagle3::fused_aux_fc

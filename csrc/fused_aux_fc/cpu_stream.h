@@ -1,0 +1,43 @@
+// The CPU streaming kernel of fused_aux_fc: for few rows the op is bound by reading the
+// weight once from memory, so it walks the weight rows once and accumulates every segment
+// in fp32 registers (framework-free: raw pointers, sizes, strides).
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <c10/util/BFloat16.h>
+
+namespace eagle3::fused_aux_fc {
+
+// Up to this many rows the kernel streams at memory speed and beats the GEMM path; beyond
+// it the weight is re-used enough that ATen's blocked GEMMs win (measured on AVX512-BF16:
+// the bf16 dot-product kernel is compute-bound from 8 rows on).
+template <typename scalar_t>
+inline constexpr int64_t kStreamMaxRows = std::is_same_v<scalar_t, c10::BFloat16> ? 4 : 16;
+
+template <typename scalar_t>
+struct StreamArgs {
+  // bfloat16 multiplies bf16 pairs directly; float16 activations are widened to fp32 once.
+  using x_type = std::conditional_t<std::is_same_v<scalar_t, c10::BFloat16>, c10::BFloat16, float>;
+  const x_type* x[16] = {};          // k segments, each [rows, hidden]
+  int64_t x_stride[16] = {};         // row stride of each segment
+  int64_t k = 0;
+  const scalar_t* weight = nullptr;  // [out_features, k * hidden], row stride w_stride
+  int64_t w_stride = 0;
+  const scalar_t* bias = nullptr;    // [out_features] or null
+  scalar_t* out = nullptr;           // [rows, out_features], contiguous
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  int64_t out_features = 0;
+};
+
+// True when this CPU has the instructions the kernel needs for scalar_t.
+template <typename scalar_t>
+bool stream_kernel_supported();
+
+// Computes output features [feature_begin, feature_end) for all rows.
+template <typename scalar_t>
+void stream_features(const StreamArgs<scalar_t>& args, int64_t feature_begin, int64_t feature_end);
+
+}  // namespace eagle3::fused_aux_fc

@@ -1,0 +1,183 @@
+import pytest
+import torch
+
+from conftest import DEVICES, DTYPES, TOLERANCES
+from eagle3_ext import fused_aux_fc, reference
+
+
+def make_inputs(k, rows, hidden, out_features, dtype, device, bias=True, seed=0, lead=None):
+    g = torch.Generator().manual_seed(seed)
+    shape = (*(lead or ()), rows, hidden)
+    aux = [torch.randn(shape, generator=g).to(dtype=dtype, device=device) for _ in range(k)]
+    scale = (k * hidden) ** -0.5
+    weight = (torch.randn(out_features, k * hidden, generator=g) * scale).to(dtype=dtype, device=device)
+    b = torch.randn(out_features, generator=g).to(dtype=dtype, device=device) if bias else None
+    return aux, weight, b
+
+
+def check_against_reference(aux, weight, bias):
+    out = fused_aux_fc(aux, weight, bias)
+    expected = reference.fused_aux_fc(aux, weight, bias)
+    assert out.dtype == aux[0].dtype and out.shape == expected.shape
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[aux[0].dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 2, 3, 4], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("rows", [1, 7, 64, 300], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("hidden", [40, 37], ids=lambda h: f"H{h}")
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_matches_reference(device, dtype, k, rows, hidden, bias):
+    aux, weight, b = make_inputs(k, rows, hidden, 24, dtype, device, bias)
+    check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 33, 129], ids=lambda t: f"T{t}")
+def test_kernel_paths_and_tile_edges(device, dtype, rows):
+    # Row counts around the CPU streaming kernel's tiles and thresholds and the CUDA decode /
+    # prefill tiles; 67 output features leave partial feature tiles; H=136 is a multiple of
+    # 8 (vector path on CUDA) but not of 16 or 32 (masked tails on CPU).
+    aux, weight, b = make_inputs(3, rows, 136, 67, dtype, device)
+    check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_k_decode_shape(device):
+    # Long K and few rows: the CUDA launcher splits K across CTAs and reduces partials.
+    aux, weight, b = make_inputs(3, 2, 2048, 96, torch.bfloat16, device)
+    check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leading_dims_flatten(device, dtype):
+    aux, weight, b = make_inputs(3, 5, 48, 16, dtype, device, lead=(2, 3))
+    out = fused_aux_fc(aux, weight, b)
+    assert out.shape == (2, 3, 5, 16)
+    check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_contiguous_inputs(device, dtype):
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 40, 2 * 48, generator=g).to(dtype=dtype, device=device)
+    # Strided along the hidden dim, a transposed view, and a row-strided slice.
+    aux = [base[0, :, ::2], base[1].t().contiguous().t()[:, :48], base[2, :, 48:]]
+    assert not aux[0].is_contiguous() and not aux[2].is_contiguous()
+    weight = (torch.randn(3 * 48, 20, generator=g) / 12).to(dtype=dtype, device=device).t()
+    assert not weight.is_contiguous()
+    check_against_reference(aux, weight, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_rows(device):
+    aux, weight, b = make_inputs(2, 0, 16, 8, torch.float32, device)
+    out = fused_aux_fc(aux, weight, b)
+    assert out.shape == (0, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck(device, dtype):
+    for bias in (True, False):
+        aux, weight, b = make_inputs(3, 5, 24, 8, dtype, device, bias)
+        torch.library.opcheck(torch.ops.eagle3.fused_aux_fc.default, (aux, weight, b))
+
+
+class AuxProjection(torch.nn.Module):
+    def __init__(self, weight, bias):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.bias = torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, a, b, c):
+        return torch.relu(fused_aux_fc([a, b, c], self.weight, self.bias)) + 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    aux, weight, b = make_inputs(3, 6, 32, 16, torch.float32, device)
+    module = AuxProjection(weight, b)
+    compiled = torch.compile(module, fullgraph=True)
+    torch.testing.assert_close(compiled(*aux), module(*aux))
+    torch.testing.assert_close(
+        compiled(*aux), torch.relu(reference.fused_aux_fc(aux, weight, b)) + 1, **TOLERANCES[torch.float32]
+    )
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def test_error_extra_captured_layer_names_numbers_and_cause():
+    aux, _, _ = make_inputs(4, 2, 56, 8, torch.float32, "cpu")
+    weight = torch.randn(8, 3 * 56)
+    with pytest.raises(RuntimeError) as e:
+        fused_aux_fc(aux, weight)
+    msg = str(e.value)
+    assert "eagle3.fused_aux_fc" in msg
+    assert "got 4 aux hidden states of width 56 (224 in total)" in msg
+    assert "weight expects 168 = 3 x 56" in msg
+    assert "differ from the ones the draft was trained on" in msg
+    assert "embedding output or an extra layer" in msg
+
+
+def test_error_missing_layer():
+    aux, _, _ = make_inputs(2, 2, 56, 8, torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match=r"weight expects 168 = 3 x 56.*missing"):
+        fused_aux_fc(aux, torch.randn(8, 168))
+
+
+def test_error_width_not_a_multiple():
+    aux, _, _ = make_inputs(3, 2, 56, 8, torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match=r"weight expects 170, which is not a multiple of 56"):
+        fused_aux_fc(aux, torch.randn(8, 170))
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda a, w, b: ([], w, b), r"aux_hidden is empty"),
+        (lambda a, w, b: ([a[0], a[1][:, :-1], a[2]], w, b), r"aux_hidden\[1\] has shape .* all captured"),
+        (lambda a, w, b: ([a[0], a[1][:-1], a[2]], w, b), r"aux_hidden\[1\] has shape"),
+        (lambda a, w, b: ([a[0], a[1].double(), a[2]], w, b), r"aux_hidden\[1\] has dtype Double"),
+        (lambda a, w, b: ([x.int() for x in a], w.int(), b), r"aux_hidden\[0\] must be float32, float16 or bfloat16, got Int"),
+        (lambda a, w, b: ([x.double() for x in a], w.double(), b), r"must be float32, float16 or bfloat16, got Double"),
+        (lambda a, w, b: (a, w.unsqueeze(0), b), r"weight must have 2 dimensions, got shape \[1, 8, 48\]"),
+        (lambda a, w, b: (a, w[0], b), r"weight must have 2 dimensions"),
+        (lambda a, w, b: (a, w.half(), b), r"weight has dtype Half but aux_hidden has Float"),
+        (lambda a, w, b: (a, w, b[:-1]), r"bias must have shape \[8\] \(weight.size\(0\)\), got \[7\]"),
+        (lambda a, w, b: (a, w, b.half()), r"bias has dtype Half but aux_hidden has Float"),
+        (lambda a, w, b: (a, w, b.view(2, 4)), r"bias must have shape \[8\]"),
+    ],
+    ids=[
+        "empty-list", "shape-mismatch-width", "shape-mismatch-rows", "dtype-mismatch", "int-dtype",
+        "double-dtype", "weight-rank-3", "weight-rank-1", "weight-dtype", "bias-length",
+        "bias-dtype", "bias-rank",
+    ],
+)
+def test_bad_inputs_raise_clear_errors(mutate, pattern):
+    aux, weight, b = make_inputs(3, 4, 16, 8, torch.float32, "cpu")
+    args = mutate(aux, weight, b)
+    with pytest.raises(RuntimeError, match=pattern):
+        fused_aux_fc(*args)
+
+
+def test_no_silent_broadcast_of_one_row():
+    aux, weight, _ = make_inputs(3, 4, 16, 8, torch.float32, "cpu")
+    aux[1] = aux[1][:1]  # [1, H] would broadcast in a naive implementation
+    with pytest.raises(RuntimeError, match=r"aux_hidden\[1\] has shape \[1, 16\]"):
+        fused_aux_fc(aux, weight)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_error_device_mismatch():
+    aux, weight, _ = make_inputs(3, 4, 16, 8, torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match=r"aux_hidden\[1\] is on cuda:0 but aux_hidden\[0\] is on cpu"):
+        fused_aux_fc([aux[0], aux[1].cuda(), aux[2]], weight)
+    with pytest.raises(RuntimeError, match=r"weight is on cuda:0 but aux_hidden is on cpu"):
+        fused_aux_fc(aux, weight.cuda())
