@@ -16,11 +16,12 @@ arch=$($py -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'
 
 echo "== build for sm_$arch"
 start=$(date +%s)
-$py -m pip install -q --no-build-isolation --no-deps --target /tmp/eagle3_site . \
+site=$(mktemp -d)
+$py -m pip install -q --no-build-isolation --no-deps --target "$site" . \
   -Ccmake.define.EAGLE3_REQUIRE_CUDA=ON "-Ccmake.define.EAGLE3_CUDA_ARCHS=$arch" \
   > "$out_dir/build.log" 2>&1 || { tail -50 "$out_dir/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - start )) s"
-export PYTHONPATH=/tmp/eagle3_site${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 
 echo "== CUDA tests"
 $py -m pytest -q -m cuda -p no:cacheprovider tests --junitxml "$out_dir/cuda_tests.xml" 2>&1 \

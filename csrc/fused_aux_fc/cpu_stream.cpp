@@ -13,11 +13,42 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstring>
+
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 namespace eagle3::fused_aux_fc {
 namespace {
+
+// Scalar conversions written here on the raw bits rather than through c10's inline operators:
+// this file is compiled with AVX-512 flags, and an inline function emitted here could be the
+// copy the linker keeps for every other file too.
+inline float to_float(float v) { return v; }
+inline float to_float(c10::Half v) { return _cvtsh_ss(v.x); }
+inline float to_float(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename scalar_t>
+inline scalar_t from_float(float v) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+    return c10::Half(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT), c10::Half::from_bits());
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    // Round to nearest even; NaN stays a quiet NaN.
+    const uint16_t out = std::isnan(v) ? uint16_t{0x7fc0}
+                                       : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    return c10::BFloat16(out, c10::BFloat16::from_bits());
+  }
+}
 
 
 // One vector step of the reduction for each dtype: how many hidden elements it covers, how
@@ -100,10 +131,10 @@ void tile(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0) {
     }
   }
   for (int64_t f = 0; f < kF; ++f) {
-    const float b = a.bias ? static_cast<float>(a.bias[n0 + f]) : 0.f;
+    const float b = a.bias ? to_float(a.bias[n0 + f]) : 0.f;
     for (int64_t r = 0; r < kR; ++r)
       a.out[(row0 + r) * a.out_features + n0 + f] =
-          static_cast<scalar_t>(_mm512_reduce_add_ps(acc[f][r]) + b);
+          from_float<scalar_t>(_mm512_reduce_add_ps(acc[f][r]) + b);
   }
 }
 
