@@ -181,3 +181,17 @@ def test_error_device_mismatch():
         fused_aux_fc([aux[0], aux[1].cuda(), aux[2]], weight)
     with pytest.raises(RuntimeError, match=r"weight is on cuda:0 but aux_hidden is on cpu"):
         fused_aux_fc(aux, weight.cuda())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_backward_matches_reference(device, bias):
+    aux, weight, b = make_inputs(3, 6, 24, 10, torch.float32, device, bias)
+    leaves = [t.clone().requires_grad_() for t in aux] + [weight.clone().requires_grad_()]
+    leaves += [b.clone().requires_grad_()] if bias else []
+    ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    grad = torch.randn(6, 10, device=device)
+    (fused_aux_fc(leaves[:3], leaves[3], leaves[4] if bias else None) * grad).sum().backward()
+    (reference.fused_aux_fc(ref_leaves[:3], ref_leaves[3], ref_leaves[4] if bias else None) * grad).sum().backward()
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-4, rtol=1e-4)

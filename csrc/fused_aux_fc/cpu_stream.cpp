@@ -2,17 +2,19 @@
 // CMakeLists.txt; callers check stream_kernel_supported() first).
 //
 // Work split: the caller hands each thread a range of output features (weight rows). A
-// thread walks them in blocks of kFeatureTile weight rows; for each block it sweeps the
-// activation rows in tiles of up to kRowTile, keeping a kFeatureTile x kRowTile grid of fp32
-// vector accumulators in registers over the whole k * hidden reduction. Every weight byte
-// comes from memory once (later row tiles find the block in L2), and every loaded vector
-// feeds kRowTile (or kFeatureTile) multiply-adds, so few rows run at memory speed.
+// thread walks them in blocks of kFeatureTile weight rows. For each block it walks the k * H
+// reduction in chunks of kChunk elements; for each chunk it sweeps the activation rows in
+// tiles of kRowTile with a kFeatureTile x kRowTile grid of fp32 vector accumulators in
+// registers (spilled to a small per-block array between chunks). Each weight byte comes from
+// memory once, the chunk stays in L1 while all row tiles use it, and every loaded vector
+// feeds kRowTile (or kFeatureTile) multiply-adds.
 // bfloat16 uses the AVX512-BF16 dot product (exact products, fp32 sums); float16 widens to
 // fp32 on load; all three dtypes accumulate in fp32.
 #include "fused_aux_fc/cpu_stream.h"
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -106,52 +108,60 @@ struct Step<c10::BFloat16> {
   }
 };
 
-// Accumulates out[row0 + r, n0 + f] for f < kF, r < kR over all k segments.
+// Hidden elements per chunk: a chunk of kFeatureTile weight rows plus the activation rows
+// stays in L1 while every row tile passes over it, so L2 serves each weight byte once.
+constexpr int64_t kChunk = 512;
+
+// Adds the products over hidden [h0, h1) of segment s to acc[f][row0 + r].
 template <typename scalar_t, int64_t kF, int64_t kR>
-void tile(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0) {
+inline void tile_chunk(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0, int64_t s,
+                       int64_t h0, int64_t h1, __m512 (*acc)[kStreamRowsCap]) {
   using S = Step<scalar_t>;
   using XT = typename StreamArgs<scalar_t>::x_type;
-  typename S::Acc acc[kF][kR];
+  __m512 v[kF][kR];
   for (int64_t f = 0; f < kF; ++f)
-    for (int64_t r = 0; r < kR; ++r) acc[f][r] = _mm512_setzero_ps();
-  const int64_t h_full = a.hidden - a.hidden % S::kWidth;
+    for (int64_t r = 0; r < kR; ++r) v[f][r] = acc[f][row0 + r];
+  const scalar_t* w = a.weight + n0 * a.w_stride + s * a.hidden;
+  const XT* x = a.x[s] + row0 * a.x_stride[s];
   const auto full = S::mask(S::kWidth);
-  const auto rest = S::mask(a.hidden - h_full);
+  for (int64_t h = h0; h < h1; h += S::kWidth) {
+    const auto m = h + S::kWidth <= h1 ? full : S::mask(h1 - h);
+    typename S::W wv[kF];
+    for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * a.w_stride + h, m);
+    for (int64_t r = 0; r < kR; ++r) {
+      const typename S::X xv = S::load_x(x + r * a.x_stride[s] + h, m);
+      for (int64_t f = 0; f < kF; ++f) v[f][r] = S::fma(v[f][r], wv[f], xv);
+    }
+  }
+  for (int64_t f = 0; f < kF; ++f)
+    for (int64_t r = 0; r < kR; ++r) acc[f][row0 + r] = v[f][r];
+}
+
+// Computes out[:, n0 : n0 + kF] over all k segments, chunk by chunk of hidden.
+template <typename scalar_t, int64_t kF>
+void feature_block(const StreamArgs<scalar_t>& a, int64_t n0) {
+  constexpr int64_t kRowTile = Step<scalar_t>::kRowTile;
+  __m512 acc[kF][kStreamRowsCap];
+  for (int64_t f = 0; f < kF; ++f)
+    for (int64_t r = 0; r < a.rows; ++r) acc[f][r] = _mm512_setzero_ps();
   for (int64_t s = 0; s < a.k; ++s) {
-    const scalar_t* w = a.weight + n0 * a.w_stride + s * a.hidden;
-    const XT* x = a.x[s] + row0 * a.x_stride[s];
-    for (int64_t h = 0; h < a.hidden; h += S::kWidth) {
-      const auto m = h < h_full ? full : rest;
-      typename S::W wv[kF];
-      for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * a.w_stride + h, m);
-      for (int64_t r = 0; r < kR; ++r) {
-        const typename S::X xv = S::load_x(x + r * a.x_stride[s] + h, m);
-        for (int64_t f = 0; f < kF; ++f) acc[f][r] = S::fma(acc[f][r], wv[f], xv);
+    for (int64_t h0 = 0; h0 < a.hidden; h0 += kChunk) {
+      const int64_t h1 = std::min(a.hidden, h0 + kChunk);
+      int64_t row = 0;
+      for (; row + kRowTile <= a.rows; row += kRowTile)
+        tile_chunk<scalar_t, kF, kRowTile>(a, n0, row, s, h0, h1, acc);
+      switch (a.rows - row) {
+        case 3: tile_chunk<scalar_t, kF, 3>(a, n0, row, s, h0, h1, acc); break;
+        case 2: tile_chunk<scalar_t, kF, 2>(a, n0, row, s, h0, h1, acc); break;
+        case 1: tile_chunk<scalar_t, kF, 1>(a, n0, row, s, h0, h1, acc); break;
+        default: break;
       }
     }
   }
   for (int64_t f = 0; f < kF; ++f) {
     const float b = a.bias ? to_float(a.bias[n0 + f]) : 0.f;
-    for (int64_t r = 0; r < kR; ++r)
-      a.out[(row0 + r) * a.out_features + n0 + f] =
-          from_float<scalar_t>(_mm512_reduce_add_ps(acc[f][r]) + b);
-  }
-}
-
-template <typename scalar_t, int64_t kF>
-void feature_block(const StreamArgs<scalar_t>& a, int64_t n0) {
-  constexpr int64_t kRowTile = Step<scalar_t>::kRowTile;
-  int64_t row = 0;
-  for (; row + kRowTile <= a.rows; row += kRowTile) tile<scalar_t, kF, kRowTile>(a, n0, row);
-  switch (a.rows - row) {
-    case 7: tile<scalar_t, kF, 7>(a, n0, row); break;
-    case 6: tile<scalar_t, kF, 6>(a, n0, row); break;
-    case 5: tile<scalar_t, kF, 5>(a, n0, row); break;
-    case 4: tile<scalar_t, kF, 4>(a, n0, row); break;
-    case 3: tile<scalar_t, kF, 3>(a, n0, row); break;
-    case 2: tile<scalar_t, kF, 2>(a, n0, row); break;
-    case 1: tile<scalar_t, kF, 1>(a, n0, row); break;
-    default: break;
+    for (int64_t r = 0; r < a.rows; ++r)
+      a.out[r * a.out_features + n0 + f] = from_float<scalar_t>(_mm512_reduce_add_ps(acc[f][r]) + b);
   }
 }
 

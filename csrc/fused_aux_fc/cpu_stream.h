@@ -14,7 +14,9 @@ namespace eagle3::fused_aux_fc {
 // it the weight is re-used enough that ATen's blocked GEMMs win (measured on AVX512-BF16:
 // the bf16 dot-product kernel is compute-bound from 8 rows on).
 template <typename scalar_t>
-inline constexpr int64_t kStreamMaxRows = std::is_same_v<scalar_t, c10::BFloat16> ? 4 : 16;
+inline constexpr int64_t kStreamMaxRows = std::is_same_v<scalar_t, c10::BFloat16> ? 16 : 16;
+// The kernel's accumulator array holds this many rows; kStreamMaxRows never exceeds it.
+inline constexpr int64_t kStreamRowsCap = 16;
 
 template <typename scalar_t>
 struct StreamArgs {

@@ -10,6 +10,7 @@ import torch  # noqa: F401  (the native module links against the torch already l
 
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
+from .draft import AuxLayerResolution, Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
 from .ops import fused_aux_fc
 
 __version__ = "0.1.0"
@@ -31,4 +32,7 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["build_info", "fused_aux_fc", "ops", "reference", "__version__"]
+__all__ = [
+    "AuxLayerResolution", "Eagle3DraftConfig", "Eagle3DraftModel", "build_info", "fused_aux_fc", "ops",
+    "reference", "resolve_aux_layer_ids", "__version__",
+]

@@ -1,0 +1,80 @@
+"""The draft's own KV cache: a committed prefix per request, then uncommitted tree tokens."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+
+class DraftKVCache:
+    """Preallocated keys/values per draft layer, [B, capacity, Hkv, D] each.
+
+    Request b holds ``prefix_lens[b]`` committed tokens at positions [0, prefix_lens[b]),
+    followed by ``tree_len`` uncommitted tokens (the same count for every request) that a
+    forward appended: draft-tree tokens or a prompt not yet committed. The layout is the one
+    tree_attention reads (committed prefix, then the tree tokens right after it).
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+        if batch_size <= 0 or capacity <= 0:
+            raise ValueError(f"DraftKVCache: batch_size and capacity must be positive, got "
+                             f"{batch_size} and {capacity}")
+        shape = (batch_size, capacity, num_kv_heads, head_dim)
+        self.keys: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.prefix_lens = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        self.tree_len = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys[0].shape[0]
+
+    def slots(self, count: int) -> torch.Tensor:
+        """Positions [B, count] where the next ``count`` tokens of each request go."""
+        needed = int(self.prefix_lens.max()) + self.tree_len + count
+        if needed > self.capacity:
+            raise ValueError(f"DraftKVCache: {needed} tokens needed but the capacity is {self.capacity}")
+        start = self.prefix_lens + self.tree_len
+        return start[:, None] + torch.arange(count, device=start.device)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Stores k, v [B, n, Hkv, D] at ``slots`` [B, n] of ``layer``."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]
+        self.keys[layer][rows, slots] = k.to(self.keys[layer].dtype)
+        self.values[layer][rows, slots] = v.to(self.values[layer].dtype)
+
+    def commit(self) -> None:
+        """Makes every uncommitted token part of the prefix (after a prefill)."""
+        self.prefix_lens += self.tree_len
+        self.tree_len = 0
+
+    def rollback(self) -> None:
+        """Forgets the uncommitted tokens."""
+        self.tree_len = 0
+
+    def keep(self, tree_indices: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
+        """Commits, per request, the uncommitted tokens at ``tree_indices`` [B, m] (in order).
+
+        ``counts`` [B] says how many of each row are real (the rest is padding). Values are
+        moved, never recomputed: token tree_indices[b, j] lands at prefix_lens[b] + j.
+        """
+        batch, m = tree_indices.shape
+        if counts is None:
+            counts = torch.full((batch,), m, dtype=torch.int64, device=tree_indices.device)
+        rows = torch.arange(batch, device=tree_indices.device)[:, None]
+        src = self.prefix_lens[:, None] + tree_indices
+        dst = self.prefix_lens[:, None] + torch.arange(m, device=tree_indices.device)
+        valid = torch.arange(m, device=tree_indices.device)[None, :] < counts[:, None]
+        for buffers in (self.keys, self.values):
+            for layer, buf in enumerate(buffers):
+                moved = buf[rows, src]
+                cur = buf[rows, dst]
+                buffers[layer][rows, dst] = torch.where(valid[..., None, None], moved, cur)
+        self.prefix_lens += counts.to(self.prefix_lens.dtype)
+        self.tree_len = 0
