@@ -1,7 +1,7 @@
 // CPU entry of eagle3::fused_aux_fc.
 //
-// Few rows (decode): the streaming kernel reads the weight once and accumulates all k
-// segments in fp32 registers.
+// Few rows (decode; any number for float16): the streaming kernel reads the weight once per
+// block of rows and accumulates all k segments in fp32 registers.
 // More rows, float32: one ATen GEMM per weight column block, accumulated into the output
 // (beta = 1); fp32 accumulation is exact and no activation is copied.
 // More rows, float16 / bfloat16: ATen's half-precision GEMMs round their output, so
@@ -26,27 +26,30 @@ constexpr int64_t kStreamGrain = 16;
 
 template <typename scalar_t>
 void run_stream_kernel(const Problem& p, at::Tensor& out) {
-  StreamArgs<scalar_t> a;
-  a.k = static_cast<int64_t>(p.segments.size());
   using x_type = typename StreamArgs<scalar_t>::x_type;
-  // float16 activations are widened once (they are tiny next to the weight) so the inner
+  const int64_t k = static_cast<int64_t>(p.segments.size());
+  // float16 activations are widened once (they are small next to the weight) so the inner
   // loop is a plain fp32 multiply-add.
   std::vector<at::Tensor> xs;
-  for (int64_t s = 0; s < a.k; ++s) {
-    xs.push_back(p.segments[s].to(c10::CppTypeToScalarType<x_type>::value));
-    a.x[s] = xs.back().data_ptr<x_type>();
-    a.x_stride[s] = xs.back().stride(0);
+  for (const at::Tensor& x : p.segments) xs.push_back(x.to(c10::CppTypeToScalarType<x_type>::value));
+  for (int64_t row0 = 0; row0 < p.rows; row0 += kStreamRowsCap) {
+    StreamArgs<scalar_t> a;
+    a.k = k;
+    for (int64_t s = 0; s < k; ++s) {
+      a.x[s] = xs[s].data_ptr<x_type>() + row0 * xs[s].stride(0);
+      a.x_stride[s] = xs[s].stride(0);
+    }
+    a.weight = p.weight.data_ptr<scalar_t>();
+    a.w_stride = p.weight.stride(0);
+    a.bias = p.bias.defined() ? p.bias.data_ptr<scalar_t>() : nullptr;
+    a.out = out.data_ptr<scalar_t>() + row0 * p.out_features;
+    a.rows = std::min(kStreamRowsCap, p.rows - row0);
+    a.hidden = p.hidden;
+    a.out_features = p.out_features;
+    at::parallel_for(0, p.out_features, kStreamGrain, [&](int64_t begin, int64_t end) {
+      stream_features<scalar_t>(a, begin, end);
+    });
   }
-  a.weight = p.weight.data_ptr<scalar_t>();
-  a.w_stride = p.weight.stride(0);
-  a.bias = p.bias.defined() ? p.bias.data_ptr<scalar_t>() : nullptr;
-  a.out = out.data_ptr<scalar_t>();
-  a.rows = p.rows;
-  a.hidden = p.hidden;
-  a.out_features = p.out_features;
-  at::parallel_for(0, p.out_features, kStreamGrain, [&](int64_t begin, int64_t end) {
-    stream_features<scalar_t>(a, begin, end);
-  });
 }
 
 // Scratch budget for one packed row tile: large enough that a tile is a full-speed GEMM,

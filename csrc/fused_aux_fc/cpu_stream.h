@@ -4,19 +4,27 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 namespace eagle3::fused_aux_fc {
 
-// Up to this many rows the kernel streams at memory speed and beats the GEMM path; beyond
-// it the weight is re-used enough that ATen's blocked GEMMs win (measured on AVX512-BF16:
-// the bf16 dot-product kernel is compute-bound from 8 rows on).
+// The kernel's accumulator array holds this many activation rows; callers pass larger
+// problems in blocks of this many rows (the weight is then read once per block).
+inline constexpr int64_t kStreamRowsCap = 64;
+
+// Up to this many rows the streaming kernel beats ATen's GEMMs (measured on an AVX512-BF16
+// CPU): bf16 GEMMs use the same dot-product instructions with better blocking from ~16 rows
+// on; fp32 GEMMs catch up around 64 rows; ATen has no fast fp16 GEMM on such CPUs, so the
+// kernel (fp16 widened to fp32 FMAs) is faster at any size.
 template <typename scalar_t>
-inline constexpr int64_t kStreamMaxRows = std::is_same_v<scalar_t, c10::BFloat16> ? 16 : 16;
-// The kernel's accumulator array holds this many rows; kStreamMaxRows never exceeds it.
-inline constexpr int64_t kStreamRowsCap = 16;
+inline constexpr int64_t kStreamMaxRows =
+    std::is_same_v<scalar_t, c10::BFloat16> ? 16
+    : std::is_same_v<scalar_t, float>       ? kStreamRowsCap
+                                            : std::numeric_limits<int64_t>::max();
 
 template <typename scalar_t>
 struct StreamArgs {
@@ -38,7 +46,7 @@ struct StreamArgs {
 template <typename scalar_t>
 bool stream_kernel_supported();
 
-// Computes output features [feature_begin, feature_end) for all rows.
+// Computes output features [feature_begin, feature_end) for all rows (rows <= kStreamRowsCap).
 template <typename scalar_t>
 void stream_features(const StreamArgs<scalar_t>& args, int64_t feature_begin, int64_t feature_end);
 
