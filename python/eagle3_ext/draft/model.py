@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,11 @@ from .config import Eagle3DraftConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)
+
+# attend(q [B, n, Hq, D], k [B, n, Hkv, D], v [B, n, Hkv, D], scale) -> [B, n, Hq, D]: how a
+# layer's new queries see keys and values. Inference appends to the KV cache and runs tree
+# attention; training builds the training-time-test pattern over its unrolled steps.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -66,15 +71,12 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(in_features, self.num_kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * hd, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: DraftKVCache,
-                layer: int, slots: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         b, n, _ = x.shape
         q = apply_rope(self.q_proj(x).view(b, n, self.num_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
-        cache.write(layer, slots, k, v)
-        out = tree_attention_with_cache(q, cache.keys[layer], cache.values[layer], cache.prefix_lens,
-                                        tree_mask, self.head_dim ** -0.5)
+        out = attend(q, k, v, self.head_dim ** -0.5)
         return self.o_proj(out.reshape(b, n, -1).to(x.dtype))
 
 
@@ -106,14 +108,15 @@ class Eagle3DecoderLayer(nn.Module):
             self.hidden_norm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
 
-    def forward(self, hidden: torch.Tensor, embeds: Optional[torch.Tensor], **attn: Any) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, embeds: Optional[torch.Tensor], cos: torch.Tensor,
+                sin: torch.Tensor, attend: Attend) -> torch.Tensor:
         if self.reads_embeddings:
             normed = self.hidden_norm(hidden)
             residual = normed if self.norm_before_residual else hidden
             x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         else:
             residual, x = hidden, self.input_layernorm(hidden)
-        hidden = residual + self.self_attn(x, **attn)
+        hidden = residual + self.self_attn(x, cos, sin, attend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -274,14 +277,31 @@ class Eagle3DraftModel(nn.Module):
             raise ValueError(f"tree_mask must be bool [{b}, {n}, {total}] (cache.tree_len + n), got "
                              f"{tree_mask.dtype} {list(tree_mask.shape)}")
         slots = cache.slots(n)
+
+        def cached_attend(layer: int) -> Attend:
+            def attend(q, k, v, scale):
+                cache.write(layer, slots, k, v)
+                return tree_attention_with_cache(q, cache.keys[layer], cache.values[layer], cache.prefix_lens,
+                                                 tree_mask, scale)
+            return attend
+
+        hidden = self.run_layers(input_ids, hidden_states, position_ids, cached_attend)
+        cache.tree_len += n
+        return Eagle3DraftOutput(logits=self.logits(hidden), hidden=hidden)
+
+    def run_layers(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, position_ids: torch.Tensor,
+                   attend_for_layer: Callable[[int], Attend]) -> torch.Tensor:
+        """The decoder layers over [B, n] tokens; returns the pre-norm hidden [B, n, hidden]."""
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, hidden_states.dtype)
         embeds = self.embed(input_ids).to(hidden_states.dtype)
         hidden = hidden_states
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, embeds if i == 0 else None, cos=cos, sin=sin, cache=cache, layer=i,
-                           slots=slots, tree_mask=tree_mask)
-        cache.tree_len += n
-        return Eagle3DraftOutput(logits=self.lm_head(self.norm(hidden)), hidden=hidden)
+            hidden = layer(hidden, embeds if i == 0 else None, cos, sin, attend_for_layer(i))
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [B, n, draft_vocab_size] from pre-norm hidden states."""
+        return self.lm_head(self.norm(hidden))
 
     # --- checkpoints -----------------------------------------------------------------------
     @classmethod

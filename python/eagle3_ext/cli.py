@@ -1,0 +1,74 @@
+"""The ``eagle3`` command (also ``python -m eagle3_ext``). Each subcommand maps its flags to a
+configuration dataclass and calls the library; with --json it prints one JSON object on stdout
+and sends progress to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import List, Optional
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train an EAGLE-3 draft head for a Hugging Face target")
+    p.add_argument("--target", required=True, help="target model directory (AutoModelForCausalLM + tokenizer)")
+    p.add_argument("--data", required=True, nargs="+", help="text files or JSONL (text / chat messages)")
+    p.add_argument("--out", required=True, help="output directory for the draft, checkpoints and metrics")
+    p.add_argument("--aux-layers", type=int, nargs="+",
+                   help="target layers to read, as output_hidden_states indices (default [2, L//2, L-3])")
+    p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary size (default min(target vocab, 32000))")
+    p.add_argument("--ttt-steps", type=int, default=7, help="unrolled training-time-test steps")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch (sequences x longest)")
+    p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations and checkpoints")
+    p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--no-specforge-export", action="store_true", help="skip the SpecForge/SGLang export")
+    p.add_argument("--json", action="store_true", help="print the final metrics as one JSON object")
+
+
+def _run_train(args) -> int:
+    from .train import TrainConfig, train
+
+    config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
+                         draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
+                         lr=args.lr, batch_tokens=args.batch_tokens, max_len=args.max_len, dtype=args.dtype,
+                         eval_every=args.eval_every, max_steps=args.max_steps, seed=args.seed, resume=args.resume,
+                         export_specforge=not args.no_specforge_export)
+    result = train(config)
+    if args.json:
+        print(json.dumps({"out": result.out, "step": result.step, **result.metrics}))
+    else:
+        acc = " ".join(f"{a:.3f}" for a in result.metrics["acc"])
+        print(f"draft written to {result.out} after {result.step} steps; acc per step [{acc}], expected "
+              f"acceptance length {result.metrics['expected_acceptance_length']:.2f}")
+    return 0
+
+
+COMMANDS = {"train": (_add_train, _run_train)}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="eagle3", description="EAGLE-3 speculative decoding")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level on stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add, _ in COMMANDS.values():
+        add(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command][1](args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"eagle3 {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

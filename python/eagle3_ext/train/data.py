@@ -1,0 +1,125 @@
+"""Training data for the draft: plain text files or JSONL (text, or chat conversations rendered
+with the target's chat template, loss on assistant tokens only), tokenized by the target's
+tokenizer into sequences of at most max_len tokens."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterator, List, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Example:
+    input_ids: torch.Tensor  # [T] int64
+    loss_mask: torch.Tensor  # [T] bool: tokens the draft learns to predict
+
+
+def _chat_example(tokenizer, messages: list, where: str, max_len: int) -> Example:
+    if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise ValueError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{where}: chat data needs a tokenizer with a chat template; the target's has none")
+    ids: List[int] = []
+    mask: List[bool] = []
+    for k, message in enumerate(messages):
+        # Render the growing conversation and attribute the new tokens to message k.
+        rendered = tokenizer.apply_chat_template(messages[: k + 1], tokenize=True)
+        if not isinstance(rendered, list):  # transformers 5 returns a BatchEncoding
+            rendered = rendered["input_ids"]
+        if list(rendered[: len(ids)]) != ids:
+            raise ValueError(f"{where}: the chat template does not render conversations prefix by prefix, so "
+                             "assistant tokens cannot be located")
+        new = list(rendered[len(ids):])
+        ids.extend(new)
+        mask.extend([message["role"] == "assistant"] * len(new))
+    if not any(mask):
+        raise ValueError(f"{where}: the conversation has no assistant message to learn from")
+    first = mask.index(True)
+    if first >= max_len:
+        raise ValueError(f"{where}: the prompt before the first assistant token is {first} tokens, longer than "
+                         f"max_len={max_len}; raise --max-len or shorten the conversation")
+    return Example(torch.tensor(ids[:max_len]), torch.tensor(mask[:max_len]))
+
+
+def _text_examples(tokenizer, text: str, max_len: int) -> Iterator[Example]:
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    for start in range(0, len(ids), max_len):
+        chunk = ids[start:start + max_len]
+        if len(chunk) >= 3:  # a feature, its token and a target at the least
+            yield Example(torch.tensor(chunk), torch.ones(len(chunk), dtype=torch.bool))
+
+
+def load_examples(paths: Sequence[str], tokenizer, max_len: int) -> List[Example]:
+    """Reads every file: *.jsonl lines with "text" or "messages"; anything else as plain text."""
+    if max_len < 4:
+        raise ValueError(f"max_len must be at least 4 tokens, got {max_len}")
+    if not paths:
+        raise ValueError("no training data files given")
+    examples: List[Example] = []
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"training data file {path} does not exist")
+        with open(path, encoding="utf-8") as f:
+            content = f.read()
+        if not content.strip():
+            raise ValueError(f"training data file {path} is empty")
+        before = len(examples)
+        if path.endswith(".jsonl"):
+            for n, line in enumerate(content.splitlines(), 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+                if "messages" in record:
+                    examples.append(_chat_example(tokenizer, record["messages"], where, max_len))
+                elif isinstance(record.get("text"), str):
+                    examples.extend(_text_examples(tokenizer, record["text"], max_len))
+                else:
+                    raise ValueError(f"{where}: expected a \"text\" string or a \"messages\" list")
+        else:
+            examples.extend(_text_examples(tokenizer, content, max_len))
+        if len(examples) == before:
+            raise ValueError(f"training data file {path} yields no example of at least 3 tokens")
+    vocab = len(tokenizer)
+    top = max(int(e.input_ids.max()) for e in examples)
+    if top >= vocab:
+        raise ValueError(f"token id {top} in the data is outside the tokenizer's vocabulary ({vocab})")
+    return examples
+
+
+def batches(examples: Sequence[Example], batch_tokens: int, order: Sequence[int]) -> Iterator[List[Example]]:
+    """Groups examples (in ``order``) so that batch size x longest length <= batch_tokens."""
+    batch: List[Example] = []
+    longest = 0
+    for i in order:
+        ex = examples[i]
+        new_longest = max(longest, ex.input_ids.numel())
+        if batch and new_longest * (len(batch) + 1) > batch_tokens:
+            yield batch
+            batch, new_longest = [], ex.input_ids.numel()
+        batch.append(ex)
+        longest = new_longest
+    if batch:
+        yield batch
+
+
+def collate(batch: Sequence[Example], pad_id: int) -> tuple:
+    """Right-padded input_ids [B, T], loss_mask [B, T] and valid [B, T] (not padding)."""
+    t = max(e.input_ids.numel() for e in batch)
+    ids = torch.full((len(batch), t), pad_id, dtype=torch.int64)
+    loss = torch.zeros(len(batch), t, dtype=torch.bool)
+    valid = torch.zeros(len(batch), t, dtype=torch.bool)
+    for b, e in enumerate(batch):
+        n = e.input_ids.numel()
+        ids[b, :n], loss[b, :n], valid[b, :n] = e.input_ids, e.loss_mask, True
+    return ids, loss, valid

@@ -1,0 +1,276 @@
+"""The draft trainer: online target forwards, TTT unrolling, evaluation, checkpoints, export."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers
+from ..draft.aux_layers import CONVENTION_DOC, target_dims
+from ..engine.capture import AuxHiddenCapture
+from .data import batches, collate, load_examples
+from .ttt import expected_acceptance_length, ttt_forward
+from .vocab import build_vocab_mapping
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``eagle3 train`` takes. Lengths in tokens; lr in AdamW units."""
+
+    target: str
+    data: List[str]
+    out: str
+    aux_layers: Optional[List[int]] = None     # internal convention; default [2, L//2, L-3]
+    draft_vocab_size: Optional[int] = None     # default min(target vocab, 32000)
+    ttt_steps: int = 7
+    epochs: int = 1
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    batch_tokens: int = 4096
+    max_len: int = 512
+    dtype: str = "float32"
+    val_fraction: float = 0.1
+    eval_every: int = 50
+    seed: int = 0
+    resume: bool = False
+    export_specforge: bool = True
+    max_steps: Optional[int] = None            # stop early (for quick runs and tests)
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("ttt_steps", "epochs", "batch_tokens", "max_len", "eval_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.batch_tokens < self.max_len:
+            raise ValueError(f"batch_tokens ({self.batch_tokens}) must hold one sequence of max_len "
+                             f"({self.max_len}) tokens")
+
+
+@dataclass
+class TrainResult:
+    out: str
+    step: int
+    metrics: Dict[str, Any] = field(default_factory=dict)
+
+
+def draft_config_for(target_config, aux_layers: List[int], draft_vocab_size: int) -> Eagle3DraftConfig:
+    """A one-layer draft shaped like one of the target's decoder layers."""
+    layers, hidden, vocab = target_dims(target_config)
+    get = lambda k, d=None: getattr(target_config, k, d)  # noqa: E731
+    rope = get("rope_parameters") or {}
+    scaling = get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    heads = get("num_attention_heads")
+    return Eagle3DraftConfig(
+        hidden_size=hidden, intermediate_size=get("intermediate_size"), num_attention_heads=heads,
+        num_key_value_heads=get("num_key_value_heads") or heads, head_dim=get("head_dim") or hidden // heads,
+        vocab_size=vocab, draft_vocab_size=draft_vocab_size, rms_norm_eps=get("rms_norm_eps", 1e-6),
+        rope_theta=get("rope_theta") or rope.get("rope_theta", 10000.0), rope_scaling=scaling,
+        max_position_embeddings=get("max_position_embeddings", 2048), aux_layer_ids=list(aux_layers),
+        aux_layer_ids_source="eagle3 train", target_num_hidden_layers=layers)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        config.validate()
+        self.config = config
+        torch.manual_seed(config.seed)
+        dtype = DTYPES[config.dtype]
+        self.tokenizer = AutoTokenizer.from_pretrained(config.target)
+        self.target = AutoModelForCausalLM.from_pretrained(config.target, dtype=dtype).eval()
+        self.target.requires_grad_(False)
+        layers, _, vocab = target_dims(self.target.config)
+        if len(self.tokenizer) > vocab:
+            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is {vocab}")
+        aux = config.aux_layers or list(eagle_default_aux_layers(layers))
+
+        examples = load_examples(config.data, self.tokenizer, config.max_len)
+        order = list(range(len(examples)))
+        random.Random(config.seed).shuffle(order)
+        n_val = max(1, int(round(len(examples) * config.val_fraction))) if len(examples) > 1 else 0
+        self.val = [examples[i] for i in order[:n_val]]
+        self.train_set = [examples[i] for i in order[n_val:]]
+        if not self.train_set:
+            raise ValueError("no training examples left after the validation split")
+
+        ckpt = os.path.join(config.out, "checkpoint")
+        self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+        if config.resume and os.path.exists(os.path.join(ckpt, "trainer_state.pt")):
+            self.draft = Eagle3DraftModel.from_pretrained(os.path.join(ckpt, "draft"), target_config=self.target.config)
+            saved = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+            self.state = saved["state"]
+        elif config.resume:
+            raise FileNotFoundError(f"--resume: no checkpoint under {ckpt}")
+        else:
+            draft_vocab = min(vocab, config.draft_vocab_size or 32000)
+            if config.draft_vocab_size and config.draft_vocab_size > vocab:
+                raise ValueError(f"--draft-vocab-size {config.draft_vocab_size} is larger than the target "
+                                 f"vocabulary ({vocab})")
+            self.draft = Eagle3DraftModel(draft_config_for(self.target.config, aux, draft_vocab))
+            counts = torch.zeros(vocab, dtype=torch.int64)
+            for e in self.train_set:
+                counts += torch.bincount(e.input_ids[e.loss_mask], minlength=vocab)
+            d2t, t2d = build_vocab_mapping(counts, draft_vocab)
+            with torch.no_grad():
+                self.draft.d2t.copy_(d2t)
+                self.draft.t2d.copy_(t2d)
+                self._init_from_target()
+        self.draft.bind_embeddings(self.target.get_input_embeddings())
+        self.draft.validate_against_target(self.target.config)
+        self.capture = AuxHiddenCapture(self.target, self.draft.aux_layer_ids)
+        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=config.lr, betas=(0.9, 0.95))
+        if config.resume:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.history: List[Dict[str, Any]] = self._load_history()
+        logger.info("draft reads aux layers %s (%s)", self.draft.aux_layer_ids, CONVENTION_DOC)
+
+    def _init_from_target(self) -> None:
+        # lm_head rows of the draft vocabulary and the final norm start from the target's.
+        head = self.target.get_output_embeddings()
+        ids = torch.arange(self.draft.config.draft_vocab_size) + self.draft.d2t
+        if head is not None and head.weight.shape[1] == self.draft.config.hidden_size:
+            self.draft.lm_head.weight.copy_(head.weight[ids].float())
+        norm = getattr(getattr(self.target, "model", None), "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None:
+            self.draft.norm.weight.copy_(norm.weight.float())
+
+    def _load_history(self) -> List[Dict[str, Any]]:
+        path = os.path.join(self.config.out, "metrics.json")
+        if self.config.resume and os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)["evals"]
+        return []
+
+    def _lr(self, step: int, total: int) -> float:
+        warm = self.config.warmup_steps
+        if step < warm:
+            return self.config.lr * (step + 1) / warm
+        progress = (step - warm) / max(1, total - warm)
+        return self.config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    def _run_batch(self, batch, train: bool):
+        ids, loss_mask, valid = collate(batch, self.pad_id)
+        device = self.draft.fc.weight.device
+        ids, loss_mask, valid = ids.to(device), loss_mask.to(device), valid.to(device)
+        with torch.no_grad(), self.capture:
+            logits = self.target(input_ids=ids, attention_mask=valid.long()).logits
+            aux = [a.float() for a in self.capture.take()]
+        with torch.set_grad_enabled(train):
+            return ttt_forward(self.draft, aux, logits, ids, loss_mask, valid, self.config.ttt_steps)
+
+    def evaluate(self) -> Dict[str, Any]:
+        self.draft.eval()
+        correct = [0] * self.config.ttt_steps
+        counted = [0] * self.config.ttt_steps
+        losses = []
+        for batch in batches(self.val, self.config.batch_tokens, range(len(self.val))):
+            stats = self._run_batch(batch, train=False)
+            losses.append(float(stats.loss))
+            for i in range(self.config.ttt_steps):
+                correct[i] += stats.correct[i]
+                counted[i] += stats.counted[i]
+        self.draft.train()
+        acc = [c / n if n else 0.0 for c, n in zip(correct, counted)]
+        return {"step": self.state["step"], "val_loss": sum(losses) / max(1, len(losses)),
+                "acc": acc, "expected_acceptance_length": expected_acceptance_length(acc)}
+
+    def _save(self, metrics: Dict[str, Any]) -> None:
+        out = self.config.out
+        ckpt = os.path.join(out, "checkpoint")
+        os.makedirs(ckpt, exist_ok=True)
+        self.draft.save_pretrained(os.path.join(ckpt, "draft"))
+        torch.save({"state": self.state, "optimizer": self.optimizer.state_dict(),
+                    "config": asdict(self.config)}, os.path.join(ckpt, "trainer_state.pt"))
+        with open(os.path.join(out, "metrics.json"), "w") as f:
+            json.dump({"evals": self.history, "final": metrics}, f, indent=2)
+
+    def train(self) -> TrainResult:
+        from tqdm.auto import tqdm
+
+        cfg = self.config
+        epoch_batches = [list(batches(self.train_set, cfg.batch_tokens, self._order(e))) for e in range(cfg.epochs)]
+        total = sum(len(b) for b in epoch_batches)
+        if cfg.max_steps is not None:
+            total = min(total, cfg.max_steps)
+        self.draft.train()
+        bar = tqdm(total=total, initial=self.state["step"], desc="eagle3 train", file=sys.stderr,
+                   disable=not cfg.progress, dynamic_ncols=True)
+        started = time.time()
+        if not self.history:  # the untrained draft, so the log shows how far training moved it
+            self._eval_and_save(started)
+        metrics: Dict[str, Any] = self.history[-1]
+        while self.state["step"] < total and self.state["epoch"] < cfg.epochs:
+            todo = epoch_batches[self.state["epoch"]]
+            while self.state["batch_in_epoch"] < len(todo) and self.state["step"] < total:
+                batch = todo[self.state["batch_in_epoch"]]
+                for group in self.optimizer.param_groups:
+                    group["lr"] = self._lr(self.state["step"], total)
+                stats = self._run_batch(batch, train=True)
+                self.optimizer.zero_grad(set_to_none=True)
+                stats.loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
+                self.optimizer.step()
+                self.state["step"] += 1
+                self.state["batch_in_epoch"] += 1
+                acc0 = stats.correct[0] / max(1, stats.counted[0])
+                bar.set_postfix(loss=f"{float(stats.loss.detach()):.3f}", acc0=f"{acc0:.2f}")
+                bar.update(1)
+                if self.state["step"] % cfg.eval_every == 0 or self.state["step"] == total:
+                    metrics = self._eval_and_save(started)
+            if self.state["batch_in_epoch"] >= len(todo):
+                self.state["epoch"] += 1
+                self.state["batch_in_epoch"] = 0
+        bar.close()
+        if not metrics or metrics.get("step") != self.state["step"]:
+            metrics = self._eval_and_save(started)
+        self.export()
+        return TrainResult(out=cfg.out, step=self.state["step"], metrics=metrics)
+
+    def _order(self, epoch: int) -> List[int]:
+        order = list(range(len(self.train_set)))
+        random.Random(self.config.seed * 1000 + epoch).shuffle(order)
+        return order
+
+    def _eval_and_save(self, started: float) -> Dict[str, Any]:
+        metrics = self.evaluate()
+        metrics["elapsed_s"] = time.time() - started
+        self.history.append(metrics)
+        acc = " ".join(f"{a:.3f}" for a in metrics["acc"])
+        print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} acc [{acc}] expected acceptance "
+              f"length {metrics['expected_acceptance_length']:.2f}", file=sys.stderr, flush=True)
+        self._save(metrics)
+        return metrics
+
+    def export(self) -> None:
+        self.draft.save_pretrained(self.config.out, format="eagle3_ext")
+        if self.config.export_specforge:
+            try:
+                self.draft.save_pretrained(os.path.join(self.config.out, "specforge"), format="specforge")
+            except ValueError as e:  # e.g. the embedding output is captured: no SpecForge id for it
+                logger.warning("not exporting the SpecForge/SGLang format: %s", e)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Trains an EAGLE-3 draft for ``config.target`` and writes it to ``config.out``."""
+    return Trainer(config).train()

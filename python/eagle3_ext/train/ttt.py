@@ -1,0 +1,115 @@
+"""EAGLE-3 training-time test (TTT): the draft unrolled over its own outputs.
+
+For a batch of sequences (positions t = 0..T-1) the target gives aux features h_t and logits.
+Step 0 feeds the draft (feature h_t, token x_{t+1}) at position t; step i feeds the draft's own
+step i-1 output at row t with token x_{t+1+i} at position t + i (teacher forcing, shifted one
+further per step). Row t of step i predicts the target's distribution at t + 1 + i. Attention
+is the tree-like pattern the draft meets at inference: row t of step i sees step-0 keys of
+rows 0..t (the real prefix) and its own keys of steps 1..i.
+
+Loss: soft cross-entropy against the target distribution restricted to the draft vocabulary,
+weighted 0.8^i, masked where the predicted token is not trained on (padding, prompt tokens of
+chat data, beyond the sequence) or the target's top token is outside the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..draft import Eagle3DraftModel
+
+STEP_DECAY = 0.8
+
+
+@dataclass
+class TTTStats:
+    loss: torch.Tensor                                      # weighted sum over steps (with grad)
+    step_loss: List[float] = field(default_factory=list)    # per step, masked mean
+    correct: List[int] = field(default_factory=list)        # per step: draft argmax == target argmax
+    counted: List[int] = field(default_factory=list)        # per step: positions scored
+
+
+def shift(x: torch.Tensor, s: int, fill=0) -> torch.Tensor:
+    """x[:, s:] padded at the end back to length T."""
+    if s == 0:
+        return x
+    pad = torch.full_like(x[:, :s], fill)
+    return torch.cat([x[:, s:], pad], dim=1)
+
+
+class TTTAttention:
+    """Per-layer keys/values of the unrolled steps and the attention pattern over them."""
+
+    def __init__(self, num_layers: int, valid: torch.Tensor):
+        self.kv: List[list] = [[] for _ in range(num_layers)]
+        t = valid.shape[1]
+        self.causal = torch.ones(t, t, dtype=torch.bool, device=valid.device).tril()
+
+    def for_layer(self, layer: int):
+        def attend(q, k, v, scale):
+            self.kv[layer].append((k, v))
+            rep = q.shape[2] // k.shape[2]
+            qf = q.float()
+            k0, v0 = (x.repeat_interleave(rep, dim=2).float() for x in self.kv[layer][0])
+            scores = [torch.einsum("bqhd,bkhd->bhqk", qf, k0) * scale]
+            scores[0] = scores[0].masked_fill(~self.causal, float("-inf"))
+            later = [(kj.repeat_interleave(rep, dim=2).float(), vj.repeat_interleave(rep, dim=2).float())
+                     for kj, vj in self.kv[layer][1:]]
+            for kj, _ in later:  # each row sees only its own unrolled keys
+                scores.append((qf * kj).sum(-1).transpose(1, 2)[..., None] * scale)
+            probs = torch.cat(scores, dim=-1).softmax(-1)
+            t = k0.shape[1]
+            out = torch.einsum("bhqk,bkhd->bqhd", probs[..., :t], v0)
+            for j, (_, vj) in enumerate(later):
+                out = out + probs[..., t + j].transpose(1, 2)[..., None] * vj
+            return out.to(q.dtype)
+        return attend
+
+
+def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], target_logits: torch.Tensor,
+                input_ids: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor, steps: int) -> TTTStats:
+    """Unrolls the draft ``steps`` times over a batch and returns the TTT loss and accuracies.
+
+    Shapes: aux_hidden k x [B, T, H_target]; target_logits [B, T, V]; input_ids, loss_mask,
+    valid [B, T] (valid = not padding).
+    """
+    b, t = input_ids.shape
+    draft_target_ids = torch.arange(draft.config.draft_vocab_size, device=input_ids.device) + draft.d2t
+    logits = target_logits.float()
+    target_top = logits.argmax(-1)                                    # [B, T]
+    in_draft_vocab = draft.t2d[target_top]
+    target_p = logits[..., draft_target_ids].softmax(-1)              # [B, T, Vd]
+    trained = valid & loss_mask
+
+    attention = TTTAttention(len(draft.layers), valid)
+    hidden = draft.project_aux(aux_hidden)
+    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    stats = TTTStats(loss=hidden.new_zeros((), dtype=torch.float32))
+    for i in range(steps):
+        ids_i = shift(input_ids, 1 + i)
+        hidden = draft.run_layers(ids_i, hidden, positions + i, attention.for_layer)
+        log_p = F.log_softmax(draft.logits(hidden).float(), dim=-1)
+        scored = shift(trained, 2 + i, False)
+        weighted = scored & shift(in_draft_vocab, 1 + i, False)
+        ce = -(shift(target_p, 1 + i) * log_p).sum(-1)
+        step_loss = (ce * weighted).sum() / weighted.sum().clamp(min=1)
+        stats.loss = stats.loss + STEP_DECAY ** i * step_loss
+        stats.step_loss.append(float(step_loss.detach()))
+        hit = (draft_target_ids[log_p.argmax(-1)] == shift(target_top, 1 + i)) & scored
+        stats.correct.append(int(hit.sum()))
+        stats.counted.append(int(scored.sum()))
+    return stats
+
+
+def expected_acceptance_length(acc: Sequence[float]) -> float:
+    """1 + sum_i prod_{j<=i} acc_j: tokens per target forward of a chain draft whose step i is
+    accepted with probability acc_i given the earlier ones were (bonus token included)."""
+    total, survive = 1.0, 1.0
+    for a in acc:
+        survive *= a
+        total += survive
+    return total

@@ -1,0 +1,61 @@
+"""Tiny Hugging Face targets made in the tests: random Llama-family models with a byte-level
+BPE tokenizer trained on a few lines, saved to a directory like a real checkpoint."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+
+CORPUS_WORDS = ("def class return import for while if else elif try except with as lambda yield self "
+                "print range len list dict set tuple None True False value key item index count total").split()
+
+
+def corpus(lines: int = 400, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        n = rng.randint(4, 12)
+        out.append(" ".join(rng.choice(CORPUS_WORDS) for _ in range(n)))
+    return "\n".join(out) + "\n"
+
+
+def make_tokenizer(text: str, vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(text.splitlines(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<eos>{% endfor %}")
+    return fast
+
+
+def make_target(path: str, arch: str = "llama", layers: int = 6, hidden: int = 64, seed: int = 0,
+                peaky: float = 8.0, text: str | None = None):
+    """Saves a random target and its tokenizer to ``path``; returns (model, tokenizer)."""
+    import transformers
+
+    tokenizer = make_tokenizer(text or corpus())
+    vocab = len(tokenizer)
+    common = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512,
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**common)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(peaky)  # sharp next-token distributions, like a trained model
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model, tokenizer
