@@ -10,7 +10,12 @@ import torch  # noqa: F401  (the native module links against the torch already l
 
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
-from .ops import fused_aux_fc
+from .ops import (
+    build_tree_kernel_efficient,
+    fused_aux_fc,
+    tree_speculative_sampling_target_only,
+    verify_tree_greedy,
+)
 
 __version__ = "0.1.0"
 
@@ -31,4 +36,13 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["build_info", "fused_aux_fc", "ops", "reference", "__version__"]
+__all__ = [
+    "build_info",
+    "build_tree_kernel_efficient",
+    "fused_aux_fc",
+    "ops",
+    "reference",
+    "tree_speculative_sampling_target_only",
+    "verify_tree_greedy",
+    "__version__",
+]
