@@ -394,6 +394,28 @@ def test_sampling_random_trees_match_reference(device, thresholds, bs, topk, dep
         assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.6, 0.8)], ids=["exact", "relaxed"])
+def test_batched_baselines_match_reference(thresholds):
+    # The tensor-op baselines the benchmark times compute exactly what the loops compute.
+    cand, lists, coins, final, probs = random_sampling_case(32, 4, 5, 12, 40, seed=4)
+    got = run_sampling(reference.tree_speculative_sampling_batched, cand, lists, coins, final, probs, 6, "cpu",
+                       *thresholds)
+    want = run_sampling(reference.tree_speculative_sampling_target_only, cand, lists, coins, final, probs, 6,
+                        "cpu", *thresholds)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    target = torch.randint(0, 6, (32, 12), generator=torch.Generator().manual_seed(0))
+    cand = cand % 6
+    results = []
+    for fn in (reference.verify_tree_greedy_batched, reference.verify_tree_greedy):
+        outs = verify_outputs(32, 12, 6, "cpu")
+        fn(*outs, cand, *lists, target)
+        results.append(outs)
+    for g, w in zip(*results):
+        assert torch.equal(g, w)
+    assert results[0][2].max() >= 2
+
+
 def test_sampling_api():
     steps = random_draft_steps(3, 4, 4, seed=9)
     t = tree.build_draft_tree(torch.tensor([1, 2, 3]), torch.tensor([3, 3, 3]), steps, 8)
@@ -522,6 +544,19 @@ def test_opcheck_verify(device):
     args = (*outs, cand.to(device), *(t.to(device) for t in lists), coins.to(device), final.to(device),
             probs.to(device), torch.zeros_like(probs, device=device), 1.0, 1.0, True)
     torch.library.opcheck(torch.ops.eagle3.tree_speculative_sampling_target_only.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    def verify(candidates, index, next_token, next_sibling, target):
+        predicts, accept_index, accept_num = verify_outputs(2, 8, 5, candidates.device)
+        verify_tree_greedy(predicts, accept_index, accept_num, candidates, index, next_token, next_sibling, target)
+        return predicts + 0, accept_index, accept_num * 2
+
+    args = (HAND_CANDIDATES.to(device), *hand_tree_lists(device), HAND_TARGET.to(device))
+    compiled = torch.compile(verify, fullgraph=True)
+    for got, want in zip(compiled(*args), verify(*args)):
+        assert torch.equal(got, want)
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -682,5 +717,5 @@ def test_device_mismatch_and_cuda_tree_errors():
     with pytest.raises(RuntimeError, match=r"invalid tree: request 0, node 7: its parent is draft candidate 21"):
         build_tree_kernel_efficient(**cuda_args)
     cuda_args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in build_args(tree_mask_mode=0).items()}
-    with pytest.raises(RuntimeError, match=r"tree_mask \(tree_mask_mode 0\) is too small"):
+    with pytest.raises(RuntimeError, match=r"tree_mask \(tree_mask_mode 0\) must have 248 = sum"):
         build_tree_kernel_efficient(**cuda_args)

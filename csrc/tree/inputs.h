@@ -305,9 +305,9 @@ inline std::string describe(const TreeError& e) {
              v + ")";
     case kNegativeSeqLen:
       return "verified_seq_len[" + std::to_string(e.request) + "] = " + v + " is negative";
-    case kMaskTooSmall:
-      return "tree_mask (tree_mask_mode 0) is too small: request " + std::to_string(e.request) +
-             " needs " + v + " elements = sum(verified_seq_len) * N + bs * N * N";
+    case kMaskSizeMismatch:
+      return "tree_mask (tree_mask_mode 0) must have " + v +
+             " = sum(verified_seq_len) * N + bs * N * N elements";
     case kNextTokenOutOfRange:
       return "invalid tree: " + at + ": retrive_next_token = " + v + " is not in [-1, N)";
     case kNextSiblingOutOfRange:
@@ -329,8 +329,11 @@ inline void raise_tree_error(const char* op, const TreeError& e) {
 }
 
 // The first error of a batch (lowest request), so that messages do not depend on threads.
+inline void raise_first(const char* op, const TreeError* errors, int64_t count) {
+  for (int64_t b = 0; b < count; ++b) raise_tree_error(op, errors[b]);
+}
 inline void raise_first(const char* op, const std::vector<TreeError>& errors) {
-  for (const TreeError& e : errors) raise_tree_error(op, e);
+  raise_first(op, errors.data(), static_cast<int64_t>(errors.size()));
 }
 
 }  // namespace eagle3::tree

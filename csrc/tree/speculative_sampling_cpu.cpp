@@ -1,10 +1,10 @@
 // CPU entry of eagle3::tree_speculative_sampling_target_only.
 //
 // at::parallel_for over requests. Each request: the rejection-sampling walk (tree_logic.h),
-// then one final token from relu(target - draft) at the last accepted node's row, found by
-// a running sum in double precision in vocabulary order (the reference does the same, so
-// the two agree token for token). The CPU kernel is deterministic whatever `deterministic`
-// says.
+// then one final token from relu(target - draft) at the last accepted node's row: one pass
+// for the total, a second that skips 256-token blocks by their sum and stops in the block
+// where the running sum passes the coin. The CPU kernel is deterministic whatever
+// `deterministic` says.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -16,30 +16,62 @@
 namespace eagle3::tree {
 namespace {
 
-// Requests per parallel task: the final sample reads a whole vocabulary row.
-constexpr int64_t kRequestGrain = 1;
+// Vocabulary entries one parallel task should cover at least (the final sample reads a
+// row twice): below this, waking another thread costs more than it saves.
+constexpr int64_t kTokensPerTask = 1 << 17;
 
-// Index of the first token whose running sum of residual mass exceeds coin * total, among
-// tokens with positive residual; the last such token when rounding leaves the sum short,
-// vocab - 1 when there is none (as sgl-kernel).
-int64_t sample_residual(const float* q, const float* p, int64_t vocab, float coin) {
-  auto residual = [&](int64_t x) {
-    const float v = p == nullptr ? q[x] : q[x] - p[x];
-    return v > 0.0f ? v : 0.0f;
-  };
-  double total = 0.0;
-  for (int64_t x = 0; x < vocab; ++x) total += residual(x);
-  const double u = static_cast<double>(coin) * total;
-  double running = 0.0;
-  int64_t last_valid = -1;
-  for (int64_t x = 0; x < vocab; ++x) {
-    const float v = residual(x);
-    if (v <= 0.0f) continue;
-    running += v;
-    last_valid = x;
-    if (running > u) return x;
+// Vocabulary entries summed as independent lanes (the compiler turns them into SIMD adds).
+constexpr int64_t kLanes = 16;
+// Scan granularity of the final sample: whole blocks are skipped by their sum until the one
+// where the running sum passes the coin, which is then scanned token by token.
+constexpr int64_t kScanBlock = 256;
+
+template <bool kSubtract>
+inline float residual(const float* q, const float* p, int64_t x) {
+  const float v = kSubtract ? q[x] - p[x] : q[x];
+  return v > 0.0f ? v : 0.0f;
+}
+
+template <bool kSubtract>
+float residual_sum(const float* q, const float* p, int64_t begin, int64_t end) {
+  float lanes[kLanes] = {};
+  int64_t x = begin;
+  for (; x + kLanes <= end; x += kLanes) {
+    for (int64_t k = 0; k < kLanes; ++k) lanes[k] += residual<kSubtract>(q, p, x + k);
   }
-  return last_valid >= 0 ? last_valid : vocab - 1;
+  float sum = 0.0f;
+  for (int64_t k = 0; k < kLanes; ++k) sum += lanes[k];
+  for (; x < end; ++x) sum += residual<kSubtract>(q, p, x);
+  return sum;
+}
+
+// The first token whose running sum of relu(q - p) passes coin * total, among tokens with
+// positive residual; the last such token when rounding leaves the sum short, vocab - 1 when
+// there is none (as sgl-kernel). Sums are float32 in blocked order (as on the GPU); the
+// reference sums in float64, so the two can differ only when the coin falls within rounding
+// error of a token boundary.
+template <bool kSubtract>
+int64_t sample_residual(const float* q, const float* p, int64_t vocab, float coin) {
+  const float u = coin * residual_sum<kSubtract>(q, p, 0, vocab);
+  float running = 0.0f;
+  for (int64_t start = 0; start < vocab; start += kScanBlock) {
+    const int64_t end = std::min(start + kScanBlock, vocab);
+    const float block = residual_sum<kSubtract>(q, p, start, end);
+    if (!(running + block > u)) {
+      running += block;
+      continue;
+    }
+    for (int64_t x = start; x < end; ++x) {  // the crossing is in this block
+      const float v = residual<kSubtract>(q, p, x);
+      if (v <= 0.0f) continue;
+      running += v;
+      if (running > u) return x;
+    }
+  }
+  for (int64_t x = vocab - 1; x >= 0; --x) {
+    if (residual<kSubtract>(q, p, x) > 0.0f) return x;
+  }
+  return vocab - 1;
 }
 
 void tree_speculative_sampling_target_only_cpu(
@@ -65,7 +97,8 @@ void tree_speculative_sampling_target_only_cpu(
   const float t_acc = std::max(static_cast<float>(threshold_acc), kMinThresholdAcc);
 
   std::vector<TreeError> errors(p.bs);
-  at::parallel_for(0, p.bs, kRequestGrain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, kTokensPerTask / vocab);
+  at::parallel_for(0, p.bs, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const float* q_rows = target + b * n * vocab;
       float* p_rows = draft + b * n * vocab;
@@ -78,8 +111,11 @@ void tree_speculative_sampling_target_only_cpu(
                                         reject, &walk);
       if (errors[b].code != kOk) continue;
       const float* q = q_rows + walk.final_row * vocab;
-      const float* d = walk.subtract_draft ? p_rows + walk.final_row * vocab : nullptr;
-      batch.predicts[walk.last_global] = static_cast<int32_t>(sample_residual(q, d, vocab, final_coins[b]));
+      const float* d = p_rows + walk.final_row * vocab;
+      const int64_t token = walk.subtract_draft
+                                ? sample_residual<true>(q, d, vocab, final_coins[b])
+                                : sample_residual<false>(q, d, vocab, final_coins[b]);
+      batch.predicts[walk.last_global] = static_cast<int32_t>(token);
     }
   });
   raise_first(kSamplingOp, errors);

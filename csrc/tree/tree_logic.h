@@ -27,7 +27,7 @@ enum TreeErrorCode : int32_t {
   kParentNotSelected,         // node's parent candidate parent_list[...] = value is not selected
   kParentCycle,               // following node's parents never reaches the root
   kNegativeSeqLen,            // verified_seq_len[b] = value < 0
-  kMaskTooSmall,              // tree_mask ends before request b's block (value = needed numel)
+  kMaskSizeMismatch,          // mode-0 tree_mask size differs from value (found on the device)
   kNextTokenOutOfRange,       // retrive_next_token[b, node] = value not in [-1, N)
   kNextSiblingOutOfRange,     // retrive_next_sibling[b, node] = value not in [-1, N)
   kSiblingCycle,              // the sibling list starting at node's first child does not end

@@ -215,3 +215,104 @@ def tree_speculative_sampling_target_only(
         predicts[last] = sample_residual(
             target_probs[b, row], draft_row, float(uniform_samples_for_final_sampling[b])
         )
+
+
+# --- Batched pure-PyTorch verification (the baseline an engine would otherwise run) ---------
+# The same results as the loops above, computed for all requests at once with tensor ops: a
+# Python loop over tree levels and siblings only. Works on any device.
+
+
+def _walk_tree_batched(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+                       predicts, accept_index, accept_token_num, try_children, on_accept):
+    """Level by level for the whole batch. try_children(searching, child, last) returns which
+    of the searching requests accept their current child; on_accept(ok, child) is told which
+    requests accepted which child. Returns the last accepted global index per request."""
+    bs, n = candidates.shape
+    rows = torch.arange(bs, device=candidates.device)
+    last = retrive_index[:, 0].clone()
+    accept_index[:, 0] = last.to(accept_index.dtype)
+    node = torch.zeros_like(last)
+    active = torch.ones(bs, dtype=torch.bool, device=candidates.device)
+    accepted = torch.zeros_like(last)
+    for step in range(1, accept_index.shape[1]):
+        child = torch.where(active, retrive_next_token[rows, node], -1)
+        found = torch.full_like(child, -1)
+        for _ in range(n):
+            searching = (child >= 0) & (found < 0)
+            if not bool(searching.any()):
+                break
+            c = child.clamp_min(0)
+            ok = searching & try_children(searching, c, last)
+            found = torch.where(ok, c, found)
+            child = torch.where(searching & ~ok, retrive_next_sibling[rows, c], child)
+        active = found >= 0
+        if not bool(active.any()):
+            break
+        f = found.clamp_min(0)
+        on_accept(active, f)
+        g = retrive_index[rows, f]
+        predicts[last[active]] = candidates[rows, f][active].to(predicts.dtype)
+        accept_index[active, step] = g[active].to(accept_index.dtype)
+        accepted += active.long()
+        last = torch.where(active, g, last)
+        node = torch.where(active, f, node)
+    accept_token_num.copy_(accepted)
+    return last
+
+
+def verify_tree_greedy_batched(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                               retrive_next_token, retrive_next_sibling, target_predict) -> None:
+    """verify_tree_greedy with tensor ops over the whole batch."""
+    rows = torch.arange(candidates.shape[0], device=candidates.device)
+    target = target_predict.flatten()
+    last = _walk_tree_batched(
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling, predicts, accept_index,
+        accept_token_num, lambda searching, child, last: candidates[rows, child] == target[last],
+        lambda ok, child: None,
+    )
+    predicts[last] = target[last].to(predicts.dtype)
+
+
+def tree_speculative_sampling_batched(predicts, accept_index, accept_token_num, candidates,
+                                      retrive_index, retrive_next_token, retrive_next_sibling,
+                                      uniform_samples, uniform_samples_for_final_sampling,
+                                      target_probs, draft_probs, threshold_single: float,
+                                      threshold_acc: float, deterministic: bool = True) -> None:
+    """tree_speculative_sampling_target_only with tensor ops over the whole batch."""
+    bs, _ = candidates.shape
+    rows = torch.arange(bs, device=candidates.device)
+    t_acc = max(torch.tensor(threshold_acc, dtype=torch.float32).item(), 1e-9)
+    t_acc = torch.tensor(t_acc, dtype=torch.float32, device=candidates.device)
+    t_single = torch.tensor(threshold_single, dtype=torch.float32, device=candidates.device)
+    state = dict(row=torch.zeros(bs, dtype=torch.long, device=candidates.device),
+                 coin=uniform_samples[:, 0].clone(),
+                 prob_acc=torch.zeros(bs, dtype=torch.float32, device=candidates.device))
+
+    def try_children(searching, child, last):
+        token, row = candidates[rows, child], state["row"]
+        q = target_probs[rows, row, token]
+        state["prob_acc"] = torch.where(searching, state["prob_acc"] + q, state["prob_acc"])
+        ok = (state["coin"] <= state["prob_acc"] / t_acc) | (q >= t_single)
+        rejected = searching & ~ok
+        draft_probs[rows[rejected], row[rejected], token[rejected]] = q[rejected]
+        return ok
+
+    def on_accept(ok, child):
+        state["row"] = torch.where(ok, child, state["row"])
+        state["coin"] = torch.where(ok, uniform_samples[rows, child], state["coin"])
+        state["prob_acc"] = torch.where(ok, 0.0, state["prob_acc"])
+
+    last = _walk_tree_batched(candidates, retrive_index, retrive_next_token, retrive_next_sibling,
+                              predicts, accept_index, accept_token_num, try_children, on_accept)
+    row = state["row"]
+    full = (accept_token_num == accept_index.shape[1] - 1).unsqueeze(1)
+    q, p = target_probs[rows, row], draft_probs[rows, row]
+    residual = torch.where(full, q, q - p).clamp_min(0)
+    cdf = torch.cumsum(residual.double(), 1)
+    u = uniform_samples_for_final_sampling.double() * cdf[:, -1]
+    positive = residual > 0
+    hit = (cdf > u.unsqueeze(1)) & positive
+    vocab = residual.shape[1]
+    last_valid = torch.where(positive.any(1), vocab - 1 - positive.flip(1).int().argmax(1), vocab - 1)
+    sampled = torch.where(hit.any(1), hit.int().argmax(1), last_valid)
+    predicts[last] = sampled.to(predicts.dtype)
