@@ -171,6 +171,13 @@ def test_build_random_trees_match_reference(device, mode, bs, topk, depth, n):
         assert torch.equal(g, w)
 
 
+def test_build_accepts_2d_positions():
+    # sgl-kernel indexes positions flat, and some engines pass them as [bs, N].
+    args = build_args(positions=torch.empty(2, 8, dtype=torch.long))
+    build_tree_kernel_efficient(**args)
+    assert args["positions"].flatten().tolist() == HAND["positions"]
+
+
 def test_build_chain_hand():
     # topk = 1: every candidate extends the previous one, the tree is a chain.
     steps = random_draft_steps(2, 1, 5, seed=3)
@@ -589,7 +596,7 @@ def invalid_parent():
         (dict(selected_index=HAND["selected"][:, :6]), r"selected_index must have shape \[2, 7\] .*got \[2, 6\]"),
         (dict(parent_list=HAND["parent_list"][:, :12]),
          r"parent_list must have shape \[2, 13\] \(\[bs, topk \* \(depth - 1\) \+ 1\] for topk 4, depth 4\)"),
-        (dict(positions=torch.empty(15, dtype=torch.long)), r"positions must have shape \[16\]"),
+        (dict(positions=torch.empty(15, dtype=torch.long)), r"positions must have bs \* draft_token_num = 16 elem"),
         (dict(retrive_next_token=torch.full((2, 7), -1)), r"retrive_next_token must have shape \[2, 8\]"),
         (dict(retrive_index=torch.full((2, 8), -1, dtype=torch.int32)), r"retrive_index must be int64"),
         (dict(tree_mask=torch.ones(127, dtype=torch.bool)), r"tree_mask \(tree_mask_mode 1\) must have 128"),

@@ -118,7 +118,10 @@ inline BuildProblem check_build(const at::Tensor& parent_list, const at::Tensor&
   p.parent_cols = parent_list.size(1);
 
   check_dtype(op, "positions", positions, at::kLong);
-  check_shape(op, "positions", positions, {bs * n}, "[bs * draft_token_num]");
+  // sgl-kernel indexes positions flat; engines pass [bs * N] or [bs, N].
+  EAGLE3_CHECK(op, positions.numel() == bs * n && positions.dim() <= 2,
+               "positions must have bs * draft_token_num = ", bs * n,
+               " elements ([bs * N] or [bs, N]), got shape ", positions.sizes());
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"retrive_index", &retrive_index},
                                 {"retrive_next_token", &retrive_next_token},
                                 {"retrive_next_sibling", &retrive_next_sibling}}) {
