@@ -77,30 +77,36 @@ def build_inputs(case, bs, n, device):
     mask = torch.ones(bs * n * n, dtype=torch.bool, device=device)
     outs = [torch.full((bs, n), -1, dtype=torch.long, device=device) for _ in range(3)]
     positions = torch.empty(bs * n, dtype=torch.long, device=device)
-
-    def run(fn, rows):  # outputs are allocated once: only the op is timed
-        fn(*(x[:rows] for x in inputs), mask[: rows * n * n], positions[: rows * n],
-           *(x[:rows] for x in outs), case["topk"], case["depth"], n, 1)
-
-    return run
+    return _runner(lambda rows: (*(x[:rows] for x in inputs), mask[: rows * n * n], positions[: rows * n],
+                                 *(x[:rows] for x in outs), case["topk"], case["depth"], n, 1))
 
 
 def verify_runner(case, bs, n, device, sampling: bool):
     depth = case["depth"]
-    all_predicts = torch.full((bs * n,), -1, dtype=torch.int32, device=device)
-    all_accept_index = torch.full((bs, depth + 1), -1, dtype=torch.int32, device=device)
-    all_accept_num = torch.zeros(bs, dtype=torch.int32, device=device)
+    predicts = torch.full((bs * n,), -1, dtype=torch.int32, device=device)
+    accept_index = torch.full((bs, depth + 1), -1, dtype=torch.int32, device=device)
+    accept_num = torch.zeros(bs, dtype=torch.int32, device=device)
 
-    def run(fn, rows):  # outputs are allocated once: only the op is timed
-        predicts, accept_index = all_predicts[: rows * n], all_accept_index[:rows]
-        accept_num = all_accept_num[:rows]
-        lists = [x[:rows] for x in case["lists"]]
+    def args(rows):
+        common = (predicts[: rows * n], accept_index[:rows], accept_num[:rows], case["candidates"][:rows],
+                  *(x[:rows] for x in case["lists"]))
         if not sampling:
-            fn(predicts, accept_index, accept_num, case["candidates"][:rows], *lists, case["target_predict"][:rows])
-            return
-        probs = case["target_probs"][:rows]
-        fn(predicts, accept_index, accept_num, case["candidates"][:rows], *lists, case["coins"][:rows],
-           case["final_coins"][:rows], probs, case["draft_probs"][:rows], 1.0, 1.0, True)
+            return (*common, case["target_predict"][:rows])
+        return (*common, case["coins"][:rows], case["final_coins"][:rows], case["target_probs"][:rows],
+                case["draft_probs"][:rows], 1.0, 1.0, True)
+
+    return _runner(args)
+
+
+def _runner(make_args):
+    """run(fn, rows) calls fn on the first `rows` requests. Outputs are allocated and sliced once
+    per row count, so that only the call is timed."""
+    cache = {}
+
+    def run(fn, rows):
+        if rows not in cache:
+            cache[rows] = make_args(rows)
+        fn(*cache[rows])
 
     return run
 
@@ -132,10 +138,13 @@ def main(argv=None) -> int:
                         help="skip shapes whose target_probs exceed this (default 2 on CPU, 40 on CUDA)")
     parser.add_argument("--budget", type=float, default=0.5, help="seconds of timing per op and shape")
     parser.add_argument("--quick", action="store_true", help="bs 1 8, N 8 32, vocab 32000")
+    parser.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     bss = args.bs or ([1, 8] if args.quick else DEFAULT_BS)
     ns = args.n or ([8, 32] if args.quick else DEFAULT_N)
     vocabs = args.vocab or ([32000] if args.quick else DEFAULT_VOCAB)
@@ -160,16 +169,16 @@ def main(argv=None) -> int:
                 row = {"bs": bs, "n": n, "vocab": vocab, "topk": case["topk"], "depth": case["depth"]}
                 if vocab == vocabs[0]:  # the build and greedy ops do not read the vocabulary
                     row["build"] = time_op("build", build_inputs(case, bs, n, args.device),
-                                           torch.ops.eagle3.build_tree_kernel_efficient,
+                                           torch.ops.eagle3.build_tree_kernel_efficient.default,
                                            {"reference": reference.build_tree_kernel_efficient},
                                            bs, ref_bs, args.device, args.budget)
                     row["greedy"] = time_op("greedy", verify_runner(case, bs, n, args.device, False),
-                                            torch.ops.eagle3.verify_tree_greedy,
+                                            torch.ops.eagle3.verify_tree_greedy.default,
                                             {"reference": reference.verify_tree_greedy,
                                              "batched": reference.verify_tree_greedy_batched},
                                             bs, ref_bs, args.device, args.budget)
                 row["sampling"] = time_op("sampling", verify_runner(case, bs, n, args.device, True),
-                                          torch.ops.eagle3.tree_speculative_sampling_target_only,
+                                          torch.ops.eagle3.tree_speculative_sampling_target_only.default,
                                           {"reference": reference.tree_speculative_sampling_target_only,
                                            "batched": reference.tree_speculative_sampling_batched},
                                           bs, ref_bs, args.device, args.budget)
