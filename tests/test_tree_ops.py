@@ -390,8 +390,9 @@ def random_sampling_case(bs, topk, depth, n, vocab, seed):
 @pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.6, 0.8), (0.0, 0.0)], ids=["exact", "relaxed", "zero"])
 @pytest.mark.parametrize(
     "bs, topk, depth, n, vocab",
-    [(16, 4, 4, 8, 64), (8, 1, 5, 6, 33), (8, 8, 5, 24, 1000), (4, 2, 3, 1, 17)],
-    ids=["tree", "chain", "wide", "N1"],
+    [(16, 4, 4, 8, 64), (8, 1, 5, 6, 33), (8, 8, 5, 24, 1000), (4, 2, 3, 1, 17), (4, 4, 4, 8, 32001),
+     (2, 4, 4, 8, 128256)],
+    ids=["tree", "chain", "wide", "N1", "vocab32001", "vocab128256"],
 )
 def test_sampling_random_trees_match_reference(device, thresholds, bs, topk, depth, n, vocab):
     case = random_sampling_case(bs, topk, depth, n, vocab, seed=bs + n + vocab)
@@ -399,6 +400,26 @@ def test_sampling_random_trees_match_reference(device, thresholds, bs, topk, dep
     want = run_sampling(reference.tree_speculative_sampling_target_only, *case, depth + 1, "cpu", *thresholds)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab", [1000, 32001], ids=["vec4", "scalar"])
+def test_sampling_deterministic_flag(device, vocab):
+    # deterministic=True gives the same tokens run after run; the fast mode may differ from it
+    # only in the last bits of a sum, so on these inputs it gives the same tokens too.
+    case = random_sampling_case(16, 4, 4, 8, vocab, seed=vocab)
+    cand, lists, coins, final, probs = case
+    runs = []
+    for deterministic in (True, True, False):
+        outs = verify_outputs(16, 8, 5, device)
+        draft = torch.zeros_like(probs, device=device)
+        tree_speculative_sampling_target_only(*outs, cand.to(device), *(t.to(device) for t in lists), coins.to(device),
+                                              final.to(device), probs.to(device), draft, 1.0, 1.0, deterministic)
+        runs.append([t.cpu() for t in outs])
+    for a, b in zip(runs[0], runs[1]):
+        assert torch.equal(a, b)
+    for a, b in zip(runs[0], runs[2]):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("thresholds", [(1.0, 1.0), (0.6, 0.8)], ids=["exact", "relaxed"])
