@@ -32,6 +32,8 @@ echo "== benchmarks"
 $py benchmarks/bench_fused_aux_fc.py --device cuda --dtype bf16 --budget 0.3 \
   --out "$out_dir/fused_aux_fc_cuda.json"
 bench_rc=$?
+$py benchmarks/bench_tree_ops.py --device cuda --budget 0.2 --reference-bs 2 \
+  --out "$out_dir/tree_ops_cuda.json" || bench_rc=1
 
 $py - "$out_dir" "$tests_rc" <<'PY'
 import json, os, sys

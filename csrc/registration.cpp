@@ -11,6 +11,65 @@ TORCH_LIBRARY(eagle3, m) {
   //               hidden states); weight: [H_out, k * H]; bias: [H_out] or None.
   //   returns [..., H_out] in the input dtype, accumulated in fp32.
   m.def("fused_aux_fc(Tensor[] aux_hidden, Tensor weight, Tensor? bias) -> Tensor");
+
+  // --- Tree building and verification (drop-in for sgl-kernel's ops of the same names) ---
+  // Sizes: bs requests, N = draft_token_num tree nodes per request (node 0 is the root, the
+  // last verified token), S = accept_index.size(1) = max accepted depth + 1, V = vocabulary.
+  // Node i's global index is b * N + i (retrive_index). Mutated outputs are annotated (x!);
+  // entries the op does not own are left as the caller filled them.
+
+  // Builds the tree of one EAGLE-2 draft round from the per-step top-k bookkeeping.
+  //   parent_list: int64 [bs, topk * (depth - 1) + 1] (may have 0 columns when depth == 1):
+  //                candidate index of each frontier node; selected_index: int64 [bs, N - 1]:
+  //                the candidates kept as nodes 1..N-1, whose parent is candidate
+  //                parent_list[b, selected_index // topk] (index 0 means the root);
+  //                verified_seq_len: int64 [bs], the prefix length of each request.
+  //   tree_mask (written): tree_mask_mode 0: bool flat [sum(seq_len) * N + bs * N * N], per
+  //                request an [N, seq_len + N] row-major block (prefix columns untouched, root
+  //                column set, draft columns = ancestors + self); 1: bool [bs * N * N] (the
+  //                draft columns only); 2: one bit-packed row per node, [bs * N] of 1/2/4-byte
+  //                integers for N <= 8/16/32, bit j = node j visible, bit 0 the root.
+  //   positions (written): int64 [bs * N] = seq_len + depth. retrive_index, retrive_next_token,
+  //                retrive_next_sibling (written): int64 [bs, N]: b * N + i, first child and
+  //                next sibling of each node in ascending node order, -1 for none.
+  m.def(
+      "build_tree_kernel_efficient(Tensor parent_list, Tensor selected_index, "
+      "Tensor verified_seq_len, Tensor(a!) tree_mask, Tensor(b!) positions, "
+      "Tensor(c!) retrive_index, Tensor(d!) retrive_next_token, Tensor(e!) retrive_next_sibling, "
+      "int topk, int depth, int draft_token_num, int tree_mask_mode) -> ()");
+
+  // Greedy verification: from the root, accept the child whose token equals the target's
+  // argmax at the last accepted node, until no child matches or S - 1 tokens are accepted.
+  //   predicts (written): int32 [bs * N], at each accepted node (root included) the target's
+  //                next token there; the last accepted node's entry is the bonus token.
+  //   accept_index (written): int32 [bs, S], global indices of the root then accepted nodes.
+  //   accept_token_num (written): int32 [bs], accepted draft tokens (not root, not bonus).
+  //   candidates, retrive_index, retrive_next_token, retrive_next_sibling: int64 [bs, N];
+  //   target_predict: int64 [bs, N], the target's argmax at every node.
+  m.def(
+      "verify_tree_greedy(Tensor(a!) predicts, Tensor(b!) accept_index, "
+      "Tensor(c!) accept_token_num, Tensor candidates, Tensor retrive_index, "
+      "Tensor retrive_next_token, Tensor retrive_next_sibling, Tensor target_predict) -> ()");
+
+  // Sampling verification: recursive rejection sampling over each node's children, draft
+  // tokens taken as deterministic proposals. A child is accepted when its coin
+  // (uniform_samples at the last accepted node) <= the running sum of the children's target
+  // probabilities / threshold_acc, or its own probability >= threshold_single. A rejected
+  // child's target probability is written into draft_probs at the parent's row, so the final
+  // token is sampled (uniform_samples_for_final_sampling) from relu(target - draft) at the
+  // last accepted node, or from the full target there after S - 1 accepted tokens. With
+  // both thresholds 1.0 the emitted tokens follow the target distribution exactly.
+  //   outputs and tree tensors as verify_tree_greedy; uniform_samples: float32 [bs, N];
+  //   uniform_samples_for_final_sampling: float32 [bs]; target_probs: float32 [bs, N, V];
+  //   draft_probs (written): float32 [bs, N, V], zeros on entry;
+  //   threshold_single, threshold_acc: in [0, 1]; deterministic: a reproducible reduction
+  //   order on CUDA (the CPU kernel is always deterministic).
+  m.def(
+      "tree_speculative_sampling_target_only(Tensor(a!) predicts, Tensor(b!) accept_index, "
+      "Tensor(c!) accept_token_num, Tensor candidates, Tensor retrive_index, "
+      "Tensor retrive_next_token, Tensor retrive_next_sibling, Tensor uniform_samples, "
+      "Tensor uniform_samples_for_final_sampling, Tensor target_probs, Tensor(d!) draft_probs, "
+      "float threshold_single, float threshold_acc, bool deterministic) -> ()");
 }
 
 namespace {

@@ -11,7 +11,12 @@ import torch  # noqa: F401  (the native module links against the torch already l
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
 from .draft import AuxLayerResolution, Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
-from .ops import fused_aux_fc
+from .ops import (
+    build_tree_kernel_efficient,
+    fused_aux_fc,
+    tree_speculative_sampling_target_only,
+    verify_tree_greedy,
+)
 
 __version__ = "0.1.0"
 
@@ -33,6 +38,16 @@ def build_info() -> dict:
 
 
 __all__ = [
-    "AuxLayerResolution", "Eagle3DraftConfig", "Eagle3DraftModel", "build_info", "fused_aux_fc", "ops",
-    "reference", "resolve_aux_layer_ids", "__version__",
+    "AuxLayerResolution",
+    "Eagle3DraftConfig",
+    "Eagle3DraftModel",
+    "build_info",
+    "build_tree_kernel_efficient",
+    "fused_aux_fc",
+    "ops",
+    "reference",
+    "resolve_aux_layer_ids",
+    "tree_speculative_sampling_target_only",
+    "verify_tree_greedy",
+    "__version__",
 ]

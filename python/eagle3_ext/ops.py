@@ -74,3 +74,154 @@ def _fused_aux_fc_backward(ctx, grad):
 # Training the draft differentiates through the fc; the gradients are plain GEMMs per segment.
 torch.library.register_autograd(
     "eagle3::fused_aux_fc", _fused_aux_fc_backward, setup_context=_fused_aux_fc_setup_context)
+
+
+# --- Tree building and verification (sgl-kernel compatible; all outputs are in place) ------
+
+
+def build_tree_kernel_efficient(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int = 0,
+) -> None:
+    """Build one EAGLE-2 draft tree per request, writing every output in place.
+
+    Node 0 is the root (the last verified token); node i >= 1 is draft candidate
+    ``selected_index[b, i - 1]``, whose parent is the root when ``candidate // topk == 0`` and
+    otherwise the node holding candidate ``parent_list[b, candidate // topk]``.
+
+    Args:
+        parent_list: int64 ``[bs, topk * (depth - 1) + 1]`` (0 columns allowed for depth 1).
+        selected_index: int64 ``[bs, N - 1]`` with ``N = draft_token_num``.
+        verified_seq_len: int64 ``[bs]``, prefix length of each request.
+        tree_mask: written. Mode 0: bool ``[sum(seq_len) * N + bs * N * N]``, one
+            ``[N, seq_len + N]`` row-major block per request (prefix columns untouched).
+            Mode 1: bool ``[bs * N * N]``. Mode 2: ``bs * N`` bit-packed rows of 1/2/4 bytes
+            for N <= 8/16/32 (bit j = node j visible, bit 0 the root, little-endian).
+        positions: written, int64 ``[bs * N]`` = seq_len + depth of the node.
+        retrive_index, retrive_next_token, retrive_next_sibling: written, int64 ``[bs, N]``:
+            ``b * N + i``, first child, next sibling (ascending node order, -1 for none).
+
+    Raises:
+        RuntimeError: for wrong dtypes, shapes or sizes, and for an invalid tree (a node whose
+        parent is not among the selected nodes), naming the request and the node.
+    """
+    torch.ops.eagle3.build_tree_kernel_efficient(
+        parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+        retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
+    )
+
+
+def verify_tree_greedy(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """Greedy tree verification, writing predicts, accept_index and accept_token_num in place.
+
+    Args:
+        predicts: int32 ``[bs * N]``, pre-filled with -1; at each accepted node (root
+            included) receives the target's next token there, the last one being the bonus.
+        accept_index: int32 ``[bs, S]`` pre-filled with -1; receives the root's global index,
+            then each accepted node's. At most ``S - 1`` draft tokens are accepted.
+        accept_token_num: int32 ``[bs]``; accepted draft tokens (neither root nor bonus).
+        candidates, retrive_index, retrive_next_token, retrive_next_sibling: int64 ``[bs, N]``.
+        target_predict: int64 ``[bs, N]``, the target's argmax at every node.
+    """
+    torch.ops.eagle3.verify_tree_greedy(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, target_predict,
+    )
+
+
+def tree_speculative_sampling_target_only(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    threshold_single: float = 1.0,
+    threshold_acc: float = 1.0,
+    deterministic: bool = True,
+) -> None:
+    """Lossless tree verification by recursive rejection sampling, in place.
+
+    At each accepted node the children are tried in sibling order with one coin
+    (``uniform_samples[b, node]``): child k is accepted when the coin is <= the sum of the
+    target probabilities of children 1..k divided by ``threshold_acc``, or its own probability
+    is >= ``threshold_single``. A rejected child's target probability is written into
+    ``draft_probs`` at the parent's row; the final token is drawn with
+    ``uniform_samples_for_final_sampling[b]`` from ``relu(target - draft)`` at the last
+    accepted node (the full target distribution after ``S - 1`` accepted tokens).
+    With both thresholds 1.0 the emitted tokens follow the target distribution exactly.
+
+    Args:
+        predicts, accept_index, accept_token_num, candidates, retrive_*: as verify_tree_greedy.
+        uniform_samples: float32 ``[bs, N]``; uniform_samples_for_final_sampling: float32 ``[bs]``.
+        target_probs: float32 ``[bs, N, V]``, the target's distribution at every node.
+        draft_probs: float32 ``[bs, N, V]``, zeros on entry; written.
+        threshold_single, threshold_acc: in [0, 1]; 1.0 for exact (lossless) sampling.
+        deterministic: a reproducible reduction order on CUDA (CPU is always deterministic).
+    """
+    torch.ops.eagle3.tree_speculative_sampling_target_only(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, uniform_samples,
+        uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single,
+        threshold_acc, deterministic,
+    )
+
+
+# Mutating ops return nothing: their fake kernels only check what can be checked on shapes.
+
+
+@torch.library.register_fake("eagle3::build_tree_kernel_efficient")
+def _build_tree_kernel_efficient_fake(
+    parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
+    retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
+):
+    torch._check(
+        tree_mask_mode in (0, 1, 2),
+        lambda: f"eagle3.build_tree_kernel_efficient: tree_mask_mode must be 0, 1 or 2, got {tree_mask_mode}",
+    )
+    return None
+
+
+@torch.library.register_fake("eagle3::verify_tree_greedy")
+def _verify_tree_greedy_fake(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, target_predict,
+):
+    return None
+
+
+@torch.library.register_fake("eagle3::tree_speculative_sampling_target_only")
+def _tree_speculative_sampling_target_only_fake(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+    draft_probs, threshold_single, threshold_acc, deterministic,
+):
+    torch._check(
+        0.0 <= threshold_single <= 1.0 and 0.0 <= threshold_acc <= 1.0,
+        lambda: "eagle3.tree_speculative_sampling_target_only: thresholds must be in [0, 1]",
+    )
+    return None

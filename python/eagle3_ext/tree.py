@@ -1,0 +1,212 @@
+"""Draft trees for EAGLE-2 dynamic drafting, and their verification, on top of the tree ops.
+
+The data flow of one speculative round:
+
+1. ``expand_frontier`` once per draft step: turns the draft's top-k at every frontier node
+   into the next frontier (the global top-k by cumulative probability) and records a
+   ``DraftStep`` (scores, tokens, parents) for the tree.
+2. ``build_draft_tree``: keeps the best ``num_draft_tokens - 1`` candidates of all steps
+   (plus the root) and builds the tree with ``eagle3.build_tree_kernel_efficient``:
+   a ``DraftTree`` with tokens, attention mask, positions and retrieve lists.
+3. The target runs over ``DraftTree.draft_tokens`` with ``tree_mask`` and ``positions``.
+4. ``verify_greedy`` or ``verify_sampling`` walks the tree against the target's output and
+   returns a ``VerifyResult``: the accepted tokens of every request (bonus token included).
+
+The candidate numbering follows sgl-kernel's: step 0 has ``topk`` candidates (0..topk-1),
+every later step ``topk * topk`` (the children of each frontier node), and a candidate's
+parent frontier slot is ``candidate // topk``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from . import ops
+
+
+@dataclass
+class DraftStep:
+    """What one draft step adds to the tree (sgl-kernel's per-step tree_info).
+
+    scores: ``[bs, 1, topk]`` (step 0) or ``[bs, topk, topk]``: cumulative probabilities of
+        the step's candidates (frontier node x child), flattened in that order.
+    tokens: ``[bs, topk]`` (step 0) or ``[bs, topk * topk]``: their token ids.
+    parents: ``[bs, topk + 1]`` (step 0: -1, then 0..topk-1) or ``[bs, topk]``: the candidate
+        index of each node of the new frontier, the parent slots of the next step.
+    """
+
+    scores: torch.Tensor
+    tokens: torch.Tensor
+    parents: torch.Tensor
+
+
+@dataclass
+class DraftTree:
+    """One verification tree per request; N = number of draft tokens, root included.
+
+    draft_tokens: int64 ``[bs, N]``, column 0 the root (last verified token).
+    tree_mask: see ``eagle3_ext.ops.build_tree_kernel_efficient`` for the three layouts.
+    positions: int64 ``[bs * N]``, prefix length + depth.
+    retrive_index, retrive_next_token, retrive_next_sibling: int64 ``[bs, N]``.
+    """
+
+    draft_tokens: torch.Tensor
+    tree_mask: torch.Tensor
+    positions: torch.Tensor
+    retrive_index: torch.Tensor
+    retrive_next_token: torch.Tensor
+    retrive_next_sibling: torch.Tensor
+    topk: int
+    depth: int
+    tree_mask_mode: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.draft_tokens.shape[0]
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.draft_tokens.shape[1]
+
+
+@dataclass
+class VerifyResult:
+    """accepted_tokens[b]: the tokens request b emits this round (accepted drafts + bonus).
+
+    accept_index: int32 ``[bs, depth + 1]``, global node indices (root first, -1 padded).
+    accept_length: int32 ``[bs]``, accepted draft tokens (without the bonus).
+    predicts: int32 ``[bs * N]``, the token emitted after each accepted node.
+    """
+
+    accepted_tokens: List[List[int]]
+    accept_index: torch.Tensor
+    accept_length: torch.Tensor
+    predicts: torch.Tensor
+
+
+def expand_frontier(
+    step: int, topk_probs: torch.Tensor, topk_tokens: torch.Tensor,
+    frontier_scores: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, DraftStep]:
+    """One EAGLE-2 expansion step.
+
+    Args:
+        step: 0 for the first draft step (from the root), then 1, 2, ...
+        topk_probs, topk_tokens: the draft's top-k at each frontier node: ``[bs, topk]`` at
+            step 0, ``[bs * topk, topk]`` (or ``[bs, topk, topk]``) afterwards.
+        frontier_scores: ``[bs, topk]`` cumulative probabilities of the frontier (None at 0).
+
+    Returns:
+        (next_tokens ``[bs, topk]``: the new frontier's tokens, feed them to the draft;
+        next_scores ``[bs, topk]``; source ``[bs, topk]``: the frontier slot (0..topk-1) each
+        new frontier node came from, to gather the draft's hidden states; the DraftStep).
+    """
+    topk = topk_probs.shape[-1]
+    bs = topk_probs.numel() // (topk if step == 0 else topk * topk)
+    if step == 0:
+        parents = torch.arange(-1, topk, device=topk_probs.device).expand(bs, topk + 1)
+        source = torch.zeros(bs, topk, dtype=torch.long, device=topk_probs.device)
+        return topk_tokens, topk_probs, source, DraftStep(topk_probs.unsqueeze(1), topk_tokens, parents)
+    expanded = frontier_scores.unsqueeze(2) * topk_probs.reshape(bs, topk, topk)
+    next_scores, chosen = torch.topk(expanded.flatten(1), topk, dim=-1)
+    tokens = topk_tokens.reshape(bs, topk * topk)
+    next_tokens = torch.gather(tokens, 1, chosen)
+    parents = chosen + (topk * topk * (step - 1) + topk)
+    return next_tokens, next_scores, chosen // topk, DraftStep(expanded, tokens, parents)
+
+
+def build_draft_tree(
+    verified_tokens: torch.Tensor, seq_lens: torch.Tensor, steps: Sequence[DraftStep],
+    num_draft_tokens: int, tree_mask_mode: int = 1,
+) -> DraftTree:
+    """Keep the best ``num_draft_tokens - 1`` candidates of all steps and build the tree.
+
+    Args:
+        verified_tokens: int64 ``[bs]``, the last verified token (the root) of each request.
+        seq_lens: int64 ``[bs]``, verified prefix lengths (the root sits at seq_len).
+        steps: the DraftStep of every draft step, in order; depth = len(steps).
+        num_draft_tokens: N, root included; at most 1 + the number of candidates.
+        tree_mask_mode: 0 full mask, 1 draft columns only, 2 bit-packed (N <= 32).
+    """
+    depth = len(steps)
+    topk = steps[0].tokens.shape[1]
+    bs = verified_tokens.shape[0]
+    n = num_draft_tokens
+    device = verified_tokens.device
+    scores = torch.cat([s.scores.flatten(1) for s in steps], dim=1)
+    tokens = torch.cat([s.tokens for s in steps], dim=1)
+    if n - 1 > scores.shape[1]:
+        raise ValueError(f"num_draft_tokens - 1 = {n - 1} exceeds the {scores.shape[1]} drafted candidates")
+    selected = torch.sort(torch.topk(scores, n - 1, dim=-1).indices).values
+    draft = torch.cat([verified_tokens.long().unsqueeze(1), torch.gather(tokens, 1, selected)], dim=1)
+    if depth > 1:
+        parent_list = torch.cat([s.parents for s in steps[:-1]], dim=1).long()
+    else:
+        parent_list = torch.empty(bs, 0, dtype=torch.long, device=device)
+
+    seq_lens = seq_lens.to(device=device, dtype=torch.long)
+    if tree_mask_mode == 0:
+        tree_mask = torch.ones(int(seq_lens.sum()) * n + bs * n * n, dtype=torch.bool, device=device)
+    elif tree_mask_mode == 1:
+        tree_mask = torch.ones(bs * n * n, dtype=torch.bool, device=device)
+    else:
+        dtype = torch.uint8 if n <= 8 else (torch.int16 if n <= 16 else torch.int32)
+        tree_mask = torch.zeros(bs * n, dtype=dtype, device=device)
+    positions = torch.empty(bs * n, dtype=torch.long, device=device)
+    retrive = [torch.full((bs, n), -1, dtype=torch.long, device=device) for _ in range(3)]
+    ops.build_tree_kernel_efficient(
+        parent_list, selected.long(), seq_lens, tree_mask, positions, *retrive,
+        topk, depth, n, tree_mask_mode,
+    )
+    return DraftTree(draft, tree_mask, positions, *retrive, topk=topk, depth=depth,
+                     tree_mask_mode=tree_mask_mode)
+
+
+def _outputs(tree: DraftTree) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    bs, n, device = tree.batch_size, tree.num_draft_tokens, tree.draft_tokens.device
+    predicts = torch.full((bs * n,), -1, dtype=torch.int32, device=device)
+    accept_index = torch.full((bs, tree.depth + 1), -1, dtype=torch.int32, device=device)
+    accept_length = torch.zeros(bs, dtype=torch.int32, device=device)
+    return predicts, accept_index, accept_length
+
+
+def _result(predicts, accept_index, accept_length) -> VerifyResult:
+    index = accept_index.cpu().tolist()
+    pred = predicts.cpu().tolist()
+    accepted = [[pred[g] for g in row if g >= 0] for row in index]
+    return VerifyResult(accepted, accept_index, accept_length, predicts)
+
+
+def verify_greedy(tree: DraftTree, target_predict: torch.Tensor) -> VerifyResult:
+    """Greedy verification. target_predict: int64 ``[bs, N]``, the target's argmax per node."""
+    predicts, accept_index, accept_length = _outputs(tree)
+    ops.verify_tree_greedy(
+        predicts, accept_index, accept_length, tree.draft_tokens, tree.retrive_index,
+        tree.retrive_next_token, tree.retrive_next_sibling, target_predict.long(),
+    )
+    return _result(predicts, accept_index, accept_length)
+
+
+def verify_sampling(
+    tree: DraftTree, target_probs: torch.Tensor, generator: Optional[torch.Generator] = None,
+    threshold_single: float = 1.0, threshold_acc: float = 1.0, deterministic: bool = True,
+) -> VerifyResult:
+    """Lossless verification by rejection sampling (thresholds 1.0 keep it exact).
+
+    target_probs: float32 ``[bs, N, V]``, the target's (temperature-scaled) distribution at
+    every node. Coins are drawn from ``generator`` on the tensors' device.
+    """
+    bs, n, device = tree.batch_size, tree.num_draft_tokens, target_probs.device
+    predicts, accept_index, accept_length = _outputs(tree)
+    coins = torch.rand(bs, n, generator=generator, device=device)
+    final_coins = torch.rand(bs, generator=generator, device=device)
+    draft_probs = torch.zeros_like(target_probs, dtype=torch.float32)
+    ops.tree_speculative_sampling_target_only(
+        predicts, accept_index, accept_length, tree.draft_tokens, tree.retrive_index,
+        tree.retrive_next_token, tree.retrive_next_sibling, coins, final_coins,
+        target_probs.float().contiguous(), draft_probs, threshold_single, threshold_acc, deterministic,
+    )
+    return _result(predicts, accept_index, accept_length)
