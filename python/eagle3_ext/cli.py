@@ -51,7 +51,62 @@ def _run_train(args) -> int:
     return 0
 
 
-COMMANDS = {"train": (_add_train, _run_train)}
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="speculative generation with a target and its EAGLE-3 draft")
+    p.add_argument("--target", help="target model directory (default: the bundled model)")
+    p.add_argument("--draft", help="draft directory (default: the bundled draft)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-file", help="file whose content is the prompt")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--depth", type=int, default=None, help="draft steps per round")
+    p.add_argument("--topk", type=int, default=None, help="children per frontier node")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree nodes verified per round")
+    p.add_argument("--chain", action="store_true", help="draft a chain (topk 1) of --depth tokens")
+    p.add_argument("--attention", choices=["tree", "sdpa"], default="tree")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", action="store_true",
+                   help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _run_generate(args) -> int:
+    from .engine.run import GenerateRequest, run_generate
+
+    if args.prompt is None and args.prompt_file is None:
+        prompt = None
+    elif args.prompt_file is not None:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            prompt = f.read()
+    else:
+        prompt = args.prompt
+    request = GenerateRequest(target=args.target, draft=args.draft, prompt=prompt,
+                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, depth=args.depth, topk=args.topk,
+                              num_draft_tokens=args.num_draft_tokens, chain=args.chain, attention=args.attention,
+                              seed=args.seed, baseline=args.baseline, dtype=args.dtype)
+    report = run_generate(request, progress=not args.json)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(report["text"])
+        print("", file=sys.stderr)
+        line = (f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards: acceptance length "
+                f"{report['acceptance_length']:.2f}, {report['tokens_per_s']:.1f} tokens/s")
+        if args.baseline:
+            line += (f"; plain decoding {report['baseline_tokens_per_s']:.1f} tokens/s, speedup "
+                     f"{report['speedup']:.2f}x")
+            if report.get("identical") is not None:
+                line += ", outputs identical" if report["identical"] else ", OUTPUTS DIFFER"
+        print(line, file=sys.stderr)
+    return 0 if report.get("identical") is not False else 1
+
+
+COMMANDS = {"generate": (_add_generate, _run_generate), "train": (_add_train, _run_train)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

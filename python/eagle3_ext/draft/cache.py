@@ -58,6 +58,12 @@ class DraftKVCache:
         """Forgets the uncommitted tokens."""
         self.tree_len = 0
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keeps only the requests at indices ``keep``."""
+        self.keys = [k.index_select(0, keep) for k in self.keys]
+        self.values = [v.index_select(0, keep) for v in self.values]
+        self.prefix_lens = self.prefix_lens.index_select(0, keep)
+
     def keep(self, tree_indices: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
         """Commits, per request, the uncommitted tokens at ``tree_indices`` [B, m] (in order).
 

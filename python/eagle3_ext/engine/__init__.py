@@ -2,5 +2,9 @@
 accept -> compact."""
 
 from .capture import AuxHiddenCapture, find_decoder_layers
+from .config import SamplingConfig, TreeConfig
+from .generator import GenerationOutput, SpeculativeGenerator
+from .stats import GenerationStats
 
-__all__ = ["AuxHiddenCapture", "find_decoder_layers"]
+__all__ = ["AuxHiddenCapture", "GenerationOutput", "GenerationStats", "SamplingConfig", "SpeculativeGenerator",
+           "TreeConfig", "find_decoder_layers"]

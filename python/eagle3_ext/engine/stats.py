@@ -1,0 +1,42 @@
+"""What a speculative generation measured."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List
+
+
+@dataclass
+class GenerationStats:
+    """new_tokens: tokens emitted over all requests; target_forwards: verify rounds (plus the
+    prefill); acceptance_length: new tokens per verify round per request, bonus included;
+    depth_acceptance[d]: fraction of rounds in which a depth-(d+1) draft token was accepted;
+    times in seconds."""
+
+    new_tokens: int = 0
+    target_forwards: int = 0
+    rounds: int = 0
+    request_rounds: int = 0
+    accepted_drafts: int = 0
+    depth_accepted: List[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    total_time_s: float = 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return (self.accepted_drafts + self.request_rounds) / max(1, self.request_rounds)
+
+    @property
+    def depth_acceptance(self) -> List[float]:
+        return [n / max(1, self.request_rounds) for n in self.depth_accepted]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def as_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d.update(acceptance_length=self.acceptance_length, depth_acceptance=self.depth_acceptance,
+                 tokens_per_s=self.tokens_per_s)
+        return d

@@ -1,0 +1,275 @@
+import functools
+import os
+
+import pytest
+import torch
+
+from eagle3_ext import Eagle3DraftModel
+from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine import generator as generator_module
+from eagle3_ext.train import TrainConfig, train
+from eagle3_ext.train.trainer import draft_config_for
+from tiny_models import corpus, make_target
+
+PROMPTS = ["def print return", "class value key item index count", "for while if else", "import",
+           "lambda yield self print range len list dict", "try except with as"]
+TREES = [TreeConfig.chain(3), TreeConfig(depth=3, topk=2, num_draft_tokens=6),
+         TreeConfig(depth=5, topk=4, num_draft_tokens=16)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def trained(request, tmp_path_factory):
+    """A tiny target of each architecture with a draft trained on it (acceptance > 1)."""
+    d = tmp_path_factory.mktemp(request.param)
+    target, tok = make_target(str(d / "target"), arch=request.param)
+    (d / "data.txt").write_text(corpus(300, seed=1))
+    train(TrainConfig(target=str(d / "target"), data=[str(d / "data.txt")], out=str(d / "draft"), ttt_steps=3,
+                      epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
+                      progress=False, max_steps=40, export_specforge=False))
+    draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
+    return request.param, target, tok, draft
+
+
+def hf_greedy(target, tok, prompts, max_new_tokens, eos=None):
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    out = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                          pad_token_id=tok.pad_token_id)
+    rows = out[:, enc["input_ids"].shape[1]:].tolist()
+    if eos is not None:  # Hugging Face pads finished rows; keep up to the first EOS
+        rows = [r[: r.index(eos) + 1] if eos in r else r for r in rows]
+    return rows
+
+
+@pytest.mark.parametrize("attention", ["tree", "sdpa"])
+@pytest.mark.parametrize("tree", TREES, ids=["chain3", "tree3x2n6", "tree5x4n16"])
+def test_greedy_is_token_identical(trained, tree, attention):
+    arch, target, tok, draft = trained
+    gen = SpeculativeGenerator(target, draft, tree, tokenizer=tok, attention=attention)
+    expected = hf_greedy(target, tok, PROMPTS, 24)
+    batched = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=[])
+    assert batched.sequences == expected
+    assert batched.stats.acceptance_length > 1.0  # the draft's tokens were really used
+    for prompt, want in zip(PROMPTS[:2], expected[:2]):  # batch 1
+        assert gen.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences == [want]
+
+
+def test_stop_at_eos_and_stop_strings(trained):
+    _, target, tok, draft = trained
+    gen = SpeculativeGenerator(target, draft, TREES[1], tokenizer=tok)
+    free = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=[]).sequences[0]
+    eos = free[7]
+    stopped = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=eos)
+    assert stopped.sequences[0] == free[: free.index(eos) + 1]
+    assert stopped.finish_reasons == ["eos"]
+    assert stopped.sequences == hf_greedy(target, tok, PROMPTS[:1], 30, eos=eos)
+    text = tok.decode(free[:12])
+    stop = text[-3:]
+    out = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=[], stop=[stop])
+    assert stop in tok.decode(out.sequences[0]) and stop not in tok.decode(out.sequences[0][:-1])
+    assert out.finish_reasons == ["stop"]
+
+
+class RecordingStreamer:
+    def __init__(self):
+        self.chunks = []
+        self.ended = False
+
+    def put(self, value):
+        self.chunks.append(value.tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_streaming_order(trained):
+    _, target, tok, draft = trained
+    gen = SpeculativeGenerator(target, draft, TREES[2], tokenizer=tok)
+    streamer = RecordingStreamer()
+    out = gen.generate(PROMPTS[1], max_new_tokens=20, eos_token_id=[], streamer=streamer)
+    assert streamer.chunks[0] == tok(PROMPTS[1])["input_ids"]  # the prompt first, as HF streamers expect
+    streamed = [t for chunk in streamer.chunks[1:] for t in chunk]
+    assert streamed == out.sequences[0] and streamer.ended
+    assert len(streamer.chunks) > 2
+
+
+def test_stats(trained):
+    _, target, tok, draft = trained
+    out = SpeculativeGenerator(target, draft, TREES[2], tokenizer=tok).generate(PROMPTS, max_new_tokens=16,
+                                                                                 eos_token_id=[])
+    s = out.stats
+    assert s.new_tokens == 16 * len(PROMPTS)
+    assert s.target_forwards == s.rounds + 1
+    assert 1.0 <= s.acceptance_length <= TREES[2].depth + 1
+    assert s.depth_acceptance == sorted(s.depth_acceptance, reverse=True)
+    assert s.tokens_per_s > 0 and s.draft_time_s > 0 and s.verify_time_s > 0
+    assert out.text is not None and len(out.text) == len(PROMPTS)
+
+
+# --- sampling is lossless ----------------------------------------------------------------------
+
+VOCAB = 8
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    import transformers
+
+    torch.manual_seed(3)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+                                   tie_word_embeddings=False)
+    target = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    draft = Eagle3DraftModel(draft_config_for(cfg, [1, 2, 3], VOCAB))
+    with torch.no_grad():
+        draft.t2d[:] = True
+        draft.lm_head.weight.copy_(target.lm_head.weight * 0.5)  # related but different proposals
+    return target, draft
+
+
+def exact_joint(target, prompt, length, temperature):
+    """P(t1..t_length | prompt) for every sequence, by enumeration."""
+    probs = {(): 1.0}
+    for _ in range(length):
+        seqs = list(probs)
+        ids = torch.tensor([prompt + list(s) for s in seqs])
+        with torch.no_grad():
+            p = (target(ids).logits[:, -1].float() / temperature).softmax(-1)
+        probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(seqs) for v in range(VOCAB)}
+    return probs
+
+
+def sample_joint(target, draft, prompt, length, temperature, trials, batch=2000, seed=0):
+    gen = SpeculativeGenerator(target, draft, TreeConfig(depth=3, topk=2, num_draft_tokens=6), attention="sdpa")
+    counts = {}
+    for i in range(trials // batch):
+        out = gen.generate([prompt] * batch, max_new_tokens=length, temperature=temperature, eos_token_id=[],
+                           seed=seed + i)
+        for s in out.sequences:
+            counts[tuple(s)] = counts.get(tuple(s), 0) + 1
+    return counts
+
+
+def chi_square(counts, probs, trials, min_expected=20):
+    """Pearson statistic and degrees of freedom over cells with enough expected mass (the rest
+    pooled into one cell)."""
+    stat, dof, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
+    for seq, p in probs.items():
+        exp = p * trials
+        obs = counts.get(seq, 0)
+        if exp >= min_expected:
+            stat += (obs - exp) ** 2 / exp
+            dof += 1
+        else:
+            pooled_obs += obs
+            pooled_exp += exp
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        dof += 1
+    return stat, dof
+
+
+def chi_square_bound(dof):
+    # Upper 1e-4 quantile of chi-square(dof), Wilson-Hilferty approximation.
+    z = 3.719
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+@pytest.mark.slow
+def test_sampling_matches_target_distribution(small_vocab_pair, monkeypatch):
+    target, draft = small_vocab_pair
+    prompt, length, temperature, trials = [1, 5, 2], 3, 0.8, 20000
+    probs = exact_joint(target, prompt, length, temperature)
+    stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials), probs, trials)
+    assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
+
+    # Negative control: a lossy acceptance rule (sgl-kernel's threshold_acc < 1) must fail the bound.
+    from eagle3_ext import tree
+    monkeypatch.setattr(generator_module, "verify_sampling",
+                        functools.partial(tree.verify_sampling, threshold_acc=0.3))
+    stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials), probs, trials)
+    assert stat > chi_square_bound(dof), f"biased sampler passed: chi-square {stat:.1f} with {dof} dof"
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+def test_bad_inputs_fail_before_generation(trained, tmp_path):
+    _, target, tok, draft = trained
+    gen = SpeculativeGenerator(target, draft, TREES[0], tokenizer=tok)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        gen.generate([[1, 2], []])
+    with pytest.raises(ValueError, match=r"prompt 0 has 600 tokens, longer than the target's context \(512"):
+        gen.generate([[1] * 600])
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        gen.generate("def", max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        gen.generate("def", temperature=-1)
+    with pytest.raises(ValueError, match="num_draft_tokens must be in"):
+        TreeConfig(depth=2, topk=2, num_draft_tokens=40)
+
+
+def test_mismatched_draft_is_rejected(trained, tmp_path):
+    _, target, tok, draft = trained
+    cfg = draft_config_for(target.config, [2, 3, 3], 200)
+    wide = Eagle3DraftModel(draft_config_for(target.config.__class__(**{**target.config.to_dict(),
+                                                                      "hidden_size": 96}), [2, 3, 3], 200))
+    with pytest.raises(ValueError, match="target hidden size 64 differs from the draft's target_hidden_size 96"):
+        SpeculativeGenerator(target, wide)
+    deep = Eagle3DraftModel(cfg)
+    deep.config.aux_layer_ids = [2, 3, 9]
+    deep.config.target_num_hidden_layers = None
+    with pytest.raises(ValueError, match=r"include \[9\], outside \[0, 6\]"):
+        SpeculativeGenerator(target, deep)
+    other_vocab = Eagle3DraftModel(draft_config_for(target.config.__class__(**{**target.config.to_dict(),
+                                                                              "vocab_size": 400}), [2, 3, 3], 200))
+    with pytest.raises(ValueError, match="target vocabulary .* differs from the draft's vocab_size 400"):
+        SpeculativeGenerator(target, other_vocab)
+
+
+def test_unsupported_architecture_names_missing_hooks():
+    class NoLayers(torch.nn.Module):
+        config = type("C", (), {"num_hidden_layers": 6, "hidden_size": 64, "vocab_size": 320})()
+
+        def get_input_embeddings(self):
+            return torch.nn.Embedding(320, 64)
+
+    draft = Eagle3DraftModel(draft_config_for(make_cfg(), [2, 3, 3], 320))
+    with torch.no_grad():
+        draft.t2d[:] = True
+    with pytest.raises(ValueError, match="unsupported architecture NoLayers: .*model.model.layers"):
+        SpeculativeGenerator(NoLayers(), draft, attention="sdpa")
+
+
+def make_cfg():
+    import transformers
+    return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                                    num_key_value_heads=2, vocab_size=320)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_memory_flat_over_10k_tokens():
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=12000,
+                                   tie_word_embeddings=False)
+    target = transformers.LlamaForCausalLM(cfg).eval()
+    draft = Eagle3DraftModel(draft_config_for(cfg, [1, 2, 3], 64))
+    with torch.no_grad():
+        draft.t2d[:] = True
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(2))
+    gen.generate([[1, 2, 3]], max_new_tokens=2000, eos_token_id=[])  # warm the allocator
+    before = rss_bytes()
+    out = gen.generate([[1, 2, 3]], max_new_tokens=10000, eos_token_id=[])
+    grown = rss_bytes() - before
+    assert len(out.sequences[0]) == 10000
+    # KV caches of 10k tokens: target 4 layers x 2 x 2 heads x 8 dims x 4 B = 512 B per token, the
+    # draft's 256 B: about 8 MB in all. Anything that kept per-round state would add far more.
+    assert grown < 64 << 20, f"RSS grew by {grown / 2**20:.1f} MiB"
