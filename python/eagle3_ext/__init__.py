@@ -10,7 +10,7 @@ import torch  # noqa: F401  (the native module links against the torch already l
 
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
-from .ops import fused_aux_fc
+from .ops import fused_aux_fc, tree_attention, tree_attention_paged
 
 __version__ = "0.1.0"
 
@@ -31,4 +31,7 @@ def build_info() -> dict:
     return info
 
 
-__all__ = ["build_info", "fused_aux_fc", "ops", "reference", "__version__"]
+__all__ = [
+    "build_info", "fused_aux_fc", "ops", "reference", "tree_attention", "tree_attention_paged",
+    "__version__",
+]
