@@ -105,8 +105,11 @@ def main(argv=None) -> int:
     parser.add_argument("--paged", type=int, default=0, metavar="PAGE", help="read K/V from pages of this size")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per shape")
     parser.add_argument("--quick", action="store_true", help="few small shapes, for a first look")
+    parser.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads) for op and baseline")
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
     grid = QUICK if args.quick else DEFAULTS[args.device]

@@ -13,7 +13,9 @@ enum class DType { kFloat, kHalf, kBFloat16 };
 // Keys per block: the kernel computes a [rows, kKeys] score tile, updates the online softmax
 // and accumulates the tile's values before it moves on. Two 16-float vectors wide.
 inline constexpr int64_t kKeys = 32;
-// Query rows per register tile of the micro kernels.
+// Keys per register tile of the q.K micro kernel (x 16 packed query rows).
+inline constexpr int64_t kKeyTile = 8;
+// Query rows per register tile of the P.V micro kernel.
 inline constexpr int64_t kRowTile = 4;
 // Head-dim columns per register tile of the P.V micro kernel (four 16-float vectors).
 inline constexpr int64_t kColTile = 64;

@@ -175,39 +175,27 @@ inline void kv_offsets(const KvCache& kv, int64_t b, int64_t s, int64_t h, int64
   v_off = page * kv.v_page + row * kv.v_row + h * kv.v_head;
 }
 
-// s[4][kKeys] = q[4][0:D] . kt[0:D][kKeys]  (q rows ldq apart).
-__attribute__((always_inline)) inline void qk_tile(const float* q, int64_t ldq, const float* kt,
-                                                  int64_t D, float* s) {
-  vf a00 = {}, a01 = {}, a10 = {}, a11 = {}, a20 = {}, a21 = {}, a30 = {}, a31 = {};
-  const float* q0 = q;
-  const float* q1 = q + ldq;
-  const float* q2 = q + 2 * ldq;
-  const float* q3 = q + 3 * ldq;
+// s[k][0:16] = sum_d kf[k][d] * qt[d][0:16] for kKeyTile keys: one query vector (16 packed rows,
+// qt rows ldq apart) against kKeyTile key rows (kf rows ldk apart); s rows lds apart.
+__attribute__((always_inline)) inline void qk_tile(const float* qt, int64_t ldq, const float* kf,
+                                                  int64_t ldk, int64_t D, float* s, int64_t lds) {
+  vf a[kKeyTile];
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) a[j] = vf{};
   for (int64_t d = 0; d < D; ++d) {
-    const vf k0 = load(kt + d * kKeys);
-    const vf k1 = load(kt + d * kKeys + kLanes);
-    a00 += q0[d] * k0;
-    a01 += q0[d] * k1;
-    a10 += q1[d] * k0;
-    a11 += q1[d] * k1;
-    a20 += q2[d] * k0;
-    a21 += q2[d] * k1;
-    a30 += q3[d] * k0;
-    a31 += q3[d] * k1;
+    const vf q = load(qt + d * ldq);
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile; ++j) a[j] += kf[j * ldk + d] * q;
   }
-  store(s, a00);
-  store(s + kLanes, a01);
-  store(s + kKeys, a10);
-  store(s + kKeys + kLanes, a11);
-  store(s + 2 * kKeys, a20);
-  store(s + 2 * kKeys + kLanes, a21);
-  store(s + 3 * kKeys, a30);
-  store(s + 3 * kKeys + kLanes, a31);
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) store(s + j * lds, a[j]);
 }
 
-// o[4][64] += p[4][0:n] . v[0:n][64]  (p rows kKeys apart, v rows ldv apart, o rows ldo apart).
-__attribute__((always_inline)) inline void pv_tile(const float* p, int64_t n, const float* v,
-                                                  int64_t ldv, float* o, int64_t ldo) {
+// o[4][64] += sum_k p[k][0:4] * v[k][64] for k < n  (p rows ldp apart, v rows ldv apart, o rows
+// ldo apart).
+__attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, int64_t n,
+                                                  const float* v, int64_t ldv, float* o,
+                                                  int64_t ldo) {
   vf acc[kRowTile][4];
 #pragma GCC unroll 4
   for (int i = 0; i < kRowTile; ++i)
@@ -219,7 +207,7 @@ __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t n, co
              v3 = load(vr + 3 * kLanes);
 #pragma GCC unroll 4
     for (int i = 0; i < kRowTile; ++i) {
-      const float pi = p[i * kKeys + k];
+      const float pi = p[k * ldp + i];
       acc[i][0] += pi * v0;
       acc[i][1] += pi * v1;
       acc[i][2] += pi * v2;
@@ -238,23 +226,22 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
   const int64_t D = p.head_dim;
   const int64_t Dp = round_up(D, kColTile);
   const int64_t rows = row_end - row_begin;
-  const int64_t Rp = round_up(rows, kRowTile);
+  const int64_t Rp = round_up(rows, kLanes);
   const int64_t G = p.q_heads / p.kv_heads;
   const int64_t esize = element_size(kType);
 
-  float* qf = scratch;              // [Rp][Dp] scaled queries
-  float* acc = qf + Rp * Dp;        // [Rp][Dp] unnormalized outputs
-  float* s = acc + Rp * Dp;         // [Rp][kKeys] scores, then probabilities
-  float* m = s + Rp * kKeys;        // [Rp] running max (log2 domain)
-  float* l = m + round_up(Rp, kLanes);   // [Rp] running sum
-  float* kt = l + round_up(Rp, kLanes);  // [Dp][kKeys] transposed keys
-  float* vt = kt + Dp * kKeys;      // [kKeys][Dp] values
-  float* tmp = vt + kKeys * Dp;     // [Dp] one converted key row
+  float* qt = scratch;            // [D][Rp] scaled queries, transposed (rows along lanes)
+  float* acc = qt + D * Rp;       // [Rp][Dp] unnormalized outputs
+  float* st = acc + Rp * Dp;      // [kKeys][Rp] scores, then probabilities
+  float* m = st + kKeys * Rp;     // [Rp] running max (log2 domain)
+  float* l = m + Rp;              // [Rp] running sum
+  float* kf = l + Rp;             // [kKeys][Dp] keys
+  float* vt = kf + kKeys * Dp;    // [kKeys][Dp] values
+  float* tmp = vt + kKeys * Dp;   // [Dp] one converted query row
 
-  std::memset(qf, 0, sizeof(float) * Rp * Dp);
+  std::memset(qt, 0, sizeof(float) * D * Rp);
   std::memset(acc, 0, sizeof(float) * Rp * Dp);
-  std::memset(vt, 0, sizeof(float) * kKeys * Dp);
-  std::memset(kt, 0, sizeof(float) * Dp * kKeys);
+  std::memset(kf, 0, sizeof(float) * 2 * kKeys * Dp);
 
   const float qscale = p.scale * kLog2e;
   const char* qbase = static_cast<const char*>(p.q);
@@ -262,9 +249,8 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     const int64_t token = (row_begin + r) / G;
     const int64_t head = h * G + (row_begin + r) % G;
     const int64_t off = b * p.q_batch + token * p.q_token + head * p.q_head;
-    float* qr = qf + r * Dp;
-    load_row<kType>(qbase + off * esize, qr, D);
-    for (int64_t d = 0; d < D; ++d) qr[d] *= qscale;
+    load_row<kType>(qbase + off * esize, tmp, D);
+    for (int64_t d = 0; d < D; ++d) qt[d * Rp + r] = tmp[d] * qscale;
   }
   for (int64_t r = 0; r < Rp; ++r) {
     m[r] = kNegInf;
@@ -274,6 +260,7 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
   const char* kbase = static_cast<const char*>(p.kv.k);
   const char* vbase = static_cast<const char*>(p.kv.v);
   const int64_t prefix = p.cache_lens[b];
+  const vf neg_inf = splat(kNegInf);
 
   // One block of n <= kKeys keys at cache positions [s0, s0 + n); tree_j0 >= 0 marks a block
   // of tree positions (tree tokens tree_j0 ...), whose scores go through tree_mask.
@@ -281,53 +268,55 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     for (int64_t k = 0; k < n; ++k) {
       int64_t k_off, v_off;
       kv_offsets(p.kv, b, s0 + k, h, k_off, v_off);
-      load_row<kType>(kbase + k_off * esize, tmp, D);
-      for (int64_t d = 0; d < D; ++d) kt[d * kKeys + k] = tmp[d];
+      load_row<kType>(kbase + k_off * esize, kf + k * Dp, D);
       load_row<kType>(vbase + v_off * esize, vt + k * Dp, D);
     }
-    for (int64_t r = 0; r < Rp; r += kRowTile) qk_tile(qf + r * Dp, Dp, kt, D, s + r * kKeys);
-
-    for (int64_t r = 0; r < Rp; ++r) {
-      float* sr = s + r * kKeys;
-      if (r >= rows) {
-        std::memset(sr, 0, sizeof(float) * kKeys);
-        continue;
-      }
-      for (int64_t k = n; k < kKeys; ++k) sr[k] = kNegInf;
-      if (tree_j0 >= 0) {
+    const int64_t n_tiles = round_up(n, kKeyTile);
+    for (int64_t k = 0; k < n_tiles; k += kKeyTile) {
+      for (int64_t r = 0; r < Rp; r += kLanes) qk_tile(qt + r, Rp, kf + k * Dp, Dp, D, st + k * Rp + r, Rp);
+    }
+    for (int64_t k = n; k < kKeys; ++k) {
+      for (int64_t r = 0; r < Rp; r += kLanes) store(st + k * Rp + r, neg_inf);
+    }
+    if (tree_j0 >= 0) {
+      for (int64_t r = 0; r < rows; ++r) {
         const int64_t token = (row_begin + r) / G;
         const uint8_t* mr = p.mask + b * p.m_batch + token * p.m_row + tree_j0 * p.m_col;
         for (int64_t k = 0; k < n; ++k) {
-          if (!mr[k * p.m_col]) sr[k] = kNegInf;
+          if (!mr[k * p.m_col]) st[k * Rp + r] = kNegInf;
         }
       }
-      const vf s0v = load(sr), s1v = load(sr + kLanes);
-      const vf mv = s0v > s1v ? s0v : s1v;
-      float mx = mv[0];
-      for (int i = 1; i < kLanes; ++i) mx = mv[i] > mx ? mv[i] : mx;
-      if (mx == kNegInf) {  // nothing visible in this block (tree rows only)
-        std::memset(sr, 0, sizeof(float) * kKeys);
-        continue;
-      }
-      const float m_new = mx > m[r] ? mx : m[r];
-      const float alpha = exp2v(splat(m[r] - m_new))[0];
-      const vf p0 = exp2v(s0v - m_new), p1 = exp2v(s1v - m_new);
-      store(sr, p0);
-      store(sr + kLanes, p1);
-      const vf ps = p0 + p1;
-      float sum = 0.f;
-      for (int i = 0; i < kLanes; ++i) sum += ps[i];
-      l[r] = l[r] * alpha + sum;
-      if (alpha != 1.f) {
-        float* ar = acc + r * Dp;
-        for (int64_t d = 0; d < Dp; d += kLanes) store(ar + d, load(ar + d) * alpha);
-      }
-      m[r] = m_new;
     }
-
-    for (int64_t r = 0; r < Rp; r += kRowTile) {
+    // Online softmax, 16 rows per vector: column maxima, rescale factors, probabilities.
+    for (int64_t r = 0; r < Rp; r += kLanes) {
+      vf mx = load(st + r);
+      for (int64_t k = 1; k < n; ++k) {
+        const vf x = load(st + k * Rp + r);
+        mx = x > mx ? x : mx;
+      }
+      const vf m_old = load(m + r);
+      vf m_new = mx > m_old ? mx : m_old;
+      // A row that has seen nothing yet (all -inf) subtracts 0 instead: its p and alpha are 0.
+      const vf m_use = m_new == neg_inf ? splat(0.f) : m_new;
+      const vf alpha = exp2v(m_old - m_use);
+      vf sum = {};
+      for (int64_t k = 0; k < n; ++k) {
+        const vf e = exp2v(load(st + k * Rp + r) - m_use);
+        store(st + k * Rp + r, e);
+        sum += e;
+      }
+      store(l + r, load(l + r) * alpha + sum);
+      store(m + r, m_new);
+      for (int i = 0; i < kLanes && r + i < rows; ++i) {
+        if (alpha[i] != 1.f) {
+          float* ar = acc + (r + i) * Dp;
+          for (int64_t d = 0; d < Dp; d += kLanes) store(ar + d, load(ar + d) * alpha[i]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; r += kRowTile) {
       for (int64_t c = 0; c < Dp; c += kColTile) {
-        pv_tile(s + r * kKeys, n, vt + c, Dp, acc + r * Dp + c, Dp);
+        pv_tile(st + r, Rp, n, vt + c, Dp, acc + r * Dp + c, Dp);
       }
     }
   };
