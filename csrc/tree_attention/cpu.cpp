@@ -88,6 +88,10 @@ at::Tensor run(const Problem& p) {
   prm.kv_heads = p.kv_heads;
   prm.head_dim = p.head_dim;
   prm.scale = static_cast<float>(p.scale);
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool has_bf16_dot = __builtin_cpu_supports("avx512bf16");
+  prm.bf16_dot = has_bf16_dot;
+#endif
 
   const int64_t rows = p.tree * p.group();
   const int64_t threads = at::get_num_threads();

@@ -47,6 +47,7 @@ struct Params {
   int64_t m_batch = 0, m_row = 0, m_col = 0;
   int64_t batch = 0, tree = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.f;
+  bool bf16_dot = false;  // the CPU has AVX512-BF16 (used by the AVX-512 build for bf16 q . K)
 };
 
 // Floats of scratch one task of `rows` query rows needs (64-byte aligned by the caller).

@@ -20,6 +20,9 @@
 // lowers to AVX-512 in one build and to SSE2 in the other.
 #include <cstdint>
 #include <cstring>
+#ifdef EAGLE3_TREE_AVX512BF16
+#include <immintrin.h>
+#endif
 
 #include "tree_attention/cpu_kernel.h"
 
@@ -191,6 +194,31 @@ __attribute__((always_inline)) inline void qk_tile(const float* qt, int64_t ldq,
   for (int j = 0; j < kKeyTile; ++j) store(s + j * lds, a[j]);
 }
 
+#ifdef EAGLE3_TREE_AVX512BF16
+// The bfloat16 variant of qk_tile (AVX512-BF16): qt2[d/2][16 rows][2] holds the unscaled bf16
+// queries in pairs along D, krows[j] points at key j's raw bf16 row; each vdpbf16ps multiplies
+// two D elements of 16 rows exactly and adds in fp32, so K is never converted. Scores are
+// scaled by `scale` on the way out.
+__attribute__((always_inline)) inline void qk_tile_bf16(const uint16_t* qt2, int64_t ldq,
+                                                       const uint16_t* const* krows, int64_t D2,
+                                                       float scale, float* s, int64_t lds) {
+  __m512 a[kKeyTile];
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) a[j] = _mm512_setzero_ps();
+  for (int64_t dp = 0; dp < D2; ++dp) {
+    const __m512bh q = (__m512bh)_mm512_loadu_si512(qt2 + dp * ldq);
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile; ++j) {
+      int32_t pair;
+      std::memcpy(&pair, krows[j] + 2 * dp, sizeof(pair));
+      a[j] = _mm512_dpbf16_ps(a[j], q, (__m512bh)_mm512_set1_epi32(pair));
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) _mm512_storeu_ps(s + j * lds, _mm512_mul_ps(a[j], _mm512_set1_ps(scale)));
+}
+#endif
+
 // o[4][64] += sum_k p[k][0:4] * v[k][64] for k < n  (p rows ldp apart, v rows ldv apart, o rows
 // ldo apart).
 __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, int64_t n,
@@ -238,6 +266,7 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
   float* kf = l + Rp;             // [kKeys][Dp] keys
   float* vt = kf + kKeys * Dp;    // [kKeys][Dp] values
   float* tmp = vt + kKeys * Dp;   // [Dp] one converted query row
+  // (then, for the bf16 dot-product path, qt2: [D / 2][Rp][2] bf16 = D * Rp / 2 floats)
 
   std::memset(qt, 0, sizeof(float) * D * Rp);
   std::memset(acc, 0, sizeof(float) * Rp * Dp);
@@ -256,6 +285,27 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     m[r] = kNegInf;
     l[r] = 0.f;
   }
+#ifdef EAGLE3_TREE_AVX512BF16
+  // bf16 with AVX512-BF16 and an even D: q . K on bf16 pairs (see qk_tile_bf16). The queries
+  // go unscaled into qt2[d/2][Rp][2], which reuses kf (the keys are read in place instead).
+  const bool bf16_dot = kType == DType::kBFloat16 && p.bf16_dot && D % 2 == 0;
+  uint16_t* qt2 = reinterpret_cast<uint16_t*>(tmp + Dp);  // [D / 2][Rp][2]
+  const uint16_t* krows[kKeys];
+  const uint16_t* zero_row = reinterpret_cast<const uint16_t*>(tmp);
+  if (bf16_dot) {
+    std::memset(tmp, 0, sizeof(float) * Dp);
+    std::memset(qt2, 0, sizeof(uint16_t) * D * Rp);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = (row_begin + r) / G;
+      const int64_t head = h * G + (row_begin + r) % G;
+      const int64_t off = b * p.q_batch + token * p.q_token + head * p.q_head;
+      const uint16_t* qr = reinterpret_cast<const uint16_t*>(qbase + off * esize);
+      for (int64_t d = 0; d < D; ++d) qt2[(d / 2) * Rp * 2 + r * 2 + d % 2] = qr[d];
+    }
+  }
+#else
+  constexpr bool bf16_dot = false;
+#endif
 
   const char* kbase = static_cast<const char*>(p.kv.k);
   const char* vbase = static_cast<const char*>(p.kv.v);
@@ -268,12 +318,31 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     for (int64_t k = 0; k < n; ++k) {
       int64_t k_off, v_off;
       kv_offsets(p.kv, b, s0 + k, h, k_off, v_off);
+#ifdef EAGLE3_TREE_AVX512BF16
+      if (bf16_dot) {
+        krows[k] = reinterpret_cast<const uint16_t*>(kbase + k_off * esize);
+      } else {
+        load_row<kType>(kbase + k_off * esize, kf + k * Dp, D);
+      }
+#else
       load_row<kType>(kbase + k_off * esize, kf + k * Dp, D);
+#endif
       load_row<kType>(vbase + v_off * esize, vt + k * Dp, D);
     }
     const int64_t n_tiles = round_up(n, kKeyTile);
-    for (int64_t k = 0; k < n_tiles; k += kKeyTile) {
-      for (int64_t r = 0; r < Rp; r += kLanes) qk_tile(qt + r, Rp, kf + k * Dp, Dp, D, st + k * Rp + r, Rp);
+    if (bf16_dot) {
+#ifdef EAGLE3_TREE_AVX512BF16
+      for (int64_t k = n; k < n_tiles; ++k) krows[k] = zero_row;
+      for (int64_t k = 0; k < n_tiles; k += kKeyTile) {
+        for (int64_t r = 0; r < Rp; r += kLanes) {
+          qk_tile_bf16(qt2 + r * 2, Rp * 2, krows + k, D / 2, qscale, st + k * Rp + r, Rp);
+        }
+      }
+#endif
+    } else {
+      for (int64_t k = 0; k < n_tiles; k += kKeyTile) {
+        for (int64_t r = 0; r < Rp; r += kLanes) qk_tile(qt + r, Rp, kf + k * Dp, Dp, D, st + k * Rp + r, Rp);
+      }
     }
     for (int64_t k = n; k < kKeys; ++k) {
       for (int64_t r = 0; r < Rp; r += kLanes) store(st + k * Rp + r, neg_inf);

@@ -96,9 +96,9 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
 
   constexpr int64_t kVec = 16 / sizeof(T);
   params.vec_ok = p.head_dim % kVec == 0 && aligned16(params.k) && aligned16(params.v);
-  for (int64_t s : {params.k_page, params.k_row, params.k_head, params.v_page, params.v_row, params.v_head}) {
-    params.vec_ok = params.vec_ok && s % kVec == 0;
-  }
+  const int64_t strides[] = {params.k_page, params.k_row, params.k_head,
+                             params.v_page, params.v_row, params.v_head};
+  for (const int64_t s : strides) params.vec_ok = params.vec_ok && s % kVec == 0;
 
   // KV split: enough CTAs for every SM, never splits shorter than kMinSplitPositions.
   const int64_t ctas = p.batch * p.kv_heads * params.row_tiles;
