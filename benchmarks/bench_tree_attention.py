@@ -16,7 +16,6 @@ TFLOP/s, on a GPU also against the measured copy bandwidth) and writes every fig
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -27,7 +26,7 @@ import eagle3_ext
 from eagle3_ext import reference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import compare, device_roofline  # noqa: E402
+from timing import compare, device_roofline, finish_report  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HQ, HKV, D = 32, 8, 128
@@ -142,13 +141,7 @@ def main(argv=None) -> int:
                     if roofline:
                         line += f" {100 * r['op_GBps'] / roofline['copy_GBps']:>5.0f}%"
                     print(line, flush=True)
-    worst = min(r["speedup"] for r in report["results"])
-    print(f"worst speedup over SDPA + dense mask: {worst:.2f}x")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
+    finish_report(report, "SDPA + dense mask", args.out)
     return 0
 
 

@@ -126,25 +126,11 @@ at::Tensor run(const Problem& p) {
   return out;
 }
 
-at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
-                              const at::Tensor& v_cache, const at::Tensor& cache_lens,
-                              const at::Tensor& tree_mask, double scale) {
-  return run(check_inputs(kOp, q, k_cache, v_cache, std::nullopt, cache_lens, tree_mask, scale));
-}
-
-at::Tensor tree_attention_paged_cpu(const at::Tensor& q, const at::Tensor& k_pages,
-                                    const at::Tensor& v_pages, const at::Tensor& block_table,
-                                    const at::Tensor& cache_lens, const at::Tensor& tree_mask,
-                                    double scale) {
-  return run(check_inputs(kOpPaged, q, k_pages, v_pages, block_table, cache_lens, tree_mask,
-                          scale));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(eagle3, CPU, m) {
-  m.impl("tree_attention", &tree_attention_cpu);
-  m.impl("tree_attention_paged", &tree_attention_paged_cpu);
+  m.impl("tree_attention", &contiguous_entry<run>);
+  m.impl("tree_attention_paged", &paged_entry<run>);
 }
 
 }  // namespace eagle3::tree_attention

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/cuda_host.h"
 #include "common/dispatch.h"
 #include "tree_attention/inputs.h"
 #include "tree_attention/kernel.cuh"
@@ -15,26 +16,15 @@
 namespace eagle3::tree_attention {
 namespace {
 
+using cuda_host::DeviceType;
+using cuda_host::aligned16;
+using cuda_host::sm_count;
+
 // Aim for this many CTAs per SM before splitting the KV range further.
 constexpr int64_t kCtasPerSm = 2;
 // A split shorter than this many positions costs more in partials than it gains.
 constexpr int64_t kMinSplitPositions = 256;
 constexpr int64_t kMaxHeadDim = 256;
-
-template <typename T>
-struct DeviceType { using type = T; };
-template <>
-struct DeviceType<c10::Half> { using type = __half; };
-template <>
-struct DeviceType<c10::BFloat16> { using type = __nv_bfloat16; };
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-int sm_count(int device) {
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
 
 template <typename T, int kDp>
 void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
@@ -150,25 +140,11 @@ at::Tensor run(const Problem& p) {
   return out;
 }
 
-at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
-                               const at::Tensor& v_cache, const at::Tensor& cache_lens,
-                               const at::Tensor& tree_mask, double scale) {
-  return run(check_inputs(kOp, q, k_cache, v_cache, std::nullopt, cache_lens, tree_mask, scale));
-}
-
-at::Tensor tree_attention_paged_cuda(const at::Tensor& q, const at::Tensor& k_pages,
-                                     const at::Tensor& v_pages, const at::Tensor& block_table,
-                                     const at::Tensor& cache_lens, const at::Tensor& tree_mask,
-                                     double scale) {
-  return run(check_inputs(kOpPaged, q, k_pages, v_pages, block_table, cache_lens, tree_mask,
-                          scale));
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(eagle3, CUDA, m) {
-  m.impl("tree_attention", &tree_attention_cuda);
-  m.impl("tree_attention_paged", &tree_attention_paged_cuda);
+  m.impl("tree_attention", &contiguous_entry<run>);
+  m.impl("tree_attention_paged", &paged_entry<run>);
 }
 
 }  // namespace eagle3::tree_attention

@@ -169,6 +169,20 @@ inline void check_values(const Problem& p, const at::Tensor& lens, const at::Ten
   }
 }
 
+// The two ops' entry points for a backend whose kernel is `run(problem)`: validation, then run.
+template <at::Tensor (*run)(const Problem&)>
+at::Tensor contiguous_entry(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& cache_lens, const at::Tensor& tree_mask, double scale) {
+  return run(check_inputs(kOp, q, k_cache, v_cache, std::nullopt, cache_lens, tree_mask, scale));
+}
+
+template <at::Tensor (*run)(const Problem&)>
+at::Tensor paged_entry(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
+                       const at::Tensor& block_table, const at::Tensor& cache_lens,
+                       const at::Tensor& tree_mask, double scale) {
+  return run(check_inputs(kOpPaged, q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale));
+}
+
 inline at::Tensor empty_output(const Problem& p) {
   return at::empty({p.batch, p.tree, p.q_heads, p.head_dim}, p.q.options());
 }
