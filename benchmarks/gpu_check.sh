@@ -32,6 +32,11 @@ echo "== benchmarks"
 $py benchmarks/bench_fused_aux_fc.py --device cuda --dtype bf16 --budget 0.3 \
   --out "$out_dir/fused_aux_fc_cuda.json"
 bench_rc=$?
+$py benchmarks/bench_tree_attention.py --device cuda --dtype bf16 --budget 0.2 \
+  --prefix 1024 16384 --tree 8 64 --batch 1 32 --out "$out_dir/tree_attention_cuda.json" \
+  || bench_rc=$?
+$py benchmarks/bench_tree_attention.py --device cuda --dtype bf16 --budget 0.2 --paged 16 \
+  --prefix 4096 --tree 32 --batch 8 --out "$out_dir/tree_attention_paged_cuda.json" || bench_rc=$?
 
 $py - "$out_dir" "$tests_rc" <<'PY'
 import json, os, sys
