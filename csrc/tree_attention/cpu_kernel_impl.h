@@ -217,6 +217,40 @@ __attribute__((always_inline)) inline void qk_tile_bf16(const uint16_t* qt2, int
 #pragma GCC unroll 8
   for (int j = 0; j < kKeyTile; ++j) _mm512_storeu_ps(s + j * lds, _mm512_mul_ps(a[j], _mm512_set1_ps(scale)));
 }
+
+// 16 bf16 from a and 16 from b interleaved as 16 (a_i, b_i) pairs (one 32-bit lane each).
+__attribute__((always_inline)) inline __m512i interleave_bf16(__m256i a, __m256i b) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// The bfloat16 variant of pv_tile: o[4][64] += sum over key pairs of p2[kp][row] . v2[kp][64],
+// where p2 holds (p[2kp], p[2kp + 1]) of each row as a bf16 pair and v2[kp][d] the pair
+// (v[2kp][d], v[2kp + 1][d]); one vdpbf16ps covers two keys.
+__attribute__((always_inline)) inline void pv_tile_bf16(const uint32_t* p2, int64_t ldp, int64_t pairs,
+                                                       const uint16_t* v2, int64_t ldv, float* o,
+                                                       int64_t ldo) {
+  __m512 acc[kRowTile][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRowTile; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_loadu_ps(o + i * ldo + j * kLanes);
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const uint16_t* vr = v2 + kp * ldv;
+    __m512bh v[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) v[j] = (__m512bh)_mm512_loadu_si512(vr + j * 2 * kLanes);
+#pragma GCC unroll 4
+    for (int i = 0; i < kRowTile; ++i) {
+      const __m512bh pi = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(p2[kp * ldp + i]));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], pi, v[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kRowTile; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o + i * ldo + j * kLanes, acc[i][j]);
+}
 #endif
 
 // o[4][64] += sum_k p[k][0:4] * v[k][64] for k < n  (p rows ldp apart, v rows ldv apart, o rows
@@ -266,7 +300,8 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
   float* kf = l + Rp;             // [kKeys][Dp] keys
   float* vt = kf + kKeys * Dp;    // [kKeys][Dp] values
   float* tmp = vt + kKeys * Dp;   // [Dp] one converted query row
-  // (then, for the bf16 dot-product path, qt2: [D / 2][Rp][2] bf16 = D * Rp / 2 floats)
+  // (then, for the bf16 dot-product path, qt2: [D / 2][Rp][2] bf16 = D * Rp / 2 floats, and
+  // pt2: [kKeys / 2][Rp] bf16 pairs = kKeys * Rp / 2 floats)
 
   std::memset(qt, 0, sizeof(float) * D * Rp);
   std::memset(acc, 0, sizeof(float) * Rp * Dp);
@@ -286,11 +321,15 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     l[r] = 0.f;
   }
 #ifdef EAGLE3_TREE_AVX512BF16
-  // bf16 with AVX512-BF16 and an even D: q . K on bf16 pairs (see qk_tile_bf16). The queries
-  // go unscaled into qt2[d/2][Rp][2], which reuses kf (the keys are read in place instead).
-  const bool bf16_dot = kType == DType::kBFloat16 && p.bf16_dot && D % 2 == 0;
+  // bf16 with AVX512-BF16 and D a multiple of 16: q . K and P . V on bf16 pairs (qk_tile_bf16,
+  // pv_tile_bf16). The queries go unscaled into qt2[d/2][Rp][2]; K rows are read in place, V
+  // rows are interleaved in key pairs into vt2, probabilities rounded to bf16 pairs into pt2.
+  const bool bf16_dot = kType == DType::kBFloat16 && p.bf16_dot && D % kLanes == 0;
   uint16_t* qt2 = reinterpret_cast<uint16_t*>(tmp + Dp);  // [D / 2][Rp][2]
   const uint16_t* krows[kKeys];
+  const uint16_t* vrows[kKeys + 1];
+  uint16_t* vt2 = reinterpret_cast<uint16_t*>(vt);                 // [kKeys / 2][Dp][2]
+  uint32_t* pt2 = reinterpret_cast<uint32_t*>(qt2 + D * Rp);       // [kKeys / 2][Rp]
   const uint16_t* zero_row = reinterpret_cast<const uint16_t*>(tmp);
   if (bf16_dot) {
     std::memset(tmp, 0, sizeof(float) * Dp);
@@ -327,8 +366,27 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
 #else
       load_row<kType>(kbase + k_off * esize, kf + k * Dp, D);
 #endif
+#ifdef EAGLE3_TREE_AVX512BF16
+      if (bf16_dot) {
+        vrows[k] = reinterpret_cast<const uint16_t*>(vbase + v_off * esize);
+        continue;
+      }
+#endif
       load_row<kType>(vbase + v_off * esize, vt + k * Dp, D);
     }
+#ifdef EAGLE3_TREE_AVX512BF16
+    if (bf16_dot) {  // V as key pairs: vt2[k / 2][Dp][2]
+      if (n % 2) vrows[n] = zero_row;
+      for (int64_t k = 0; k < n; k += 2) {
+        uint16_t* dst = vt2 + (k / 2) * Dp * 2;
+        for (int64_t d = 0; d < D; d += kLanes) {
+          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrows[k] + d));
+          const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrows[k + 1] + d));
+          _mm512_storeu_si512(dst + d * 2, interleave_bf16(a, c));
+        }
+      }
+    }
+#endif
     const int64_t n_tiles = round_up(n, kKeyTile);
     if (bf16_dot) {
 #ifdef EAGLE3_TREE_AVX512BF16
@@ -383,9 +441,28 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
         }
       }
     }
-    for (int64_t r = 0; r < rows; r += kRowTile) {
-      for (int64_t c = 0; c < Dp; c += kColTile) {
-        pv_tile(st + r, Rp, n, vt + c, Dp, acc + r * Dp + c, Dp);
+    if (bf16_dot) {
+#ifdef EAGLE3_TREE_AVX512BF16
+      // P as bf16 key pairs per row: pt2[k / 2][Rp]; a missing odd key has p = 0.
+      for (int64_t k = 0; k < n; k += 2) {
+        for (int64_t r = 0; r < Rp; r += kLanes) {
+          const __m512 a = _mm512_loadu_ps(st + k * Rp + r);
+          const __m512 c = k + 1 < n ? _mm512_loadu_ps(st + (k + 1) * Rp + r) : _mm512_setzero_ps();
+          const __m512i packed = interleave_bf16((__m256i)_mm512_cvtneps_pbh(a), (__m256i)_mm512_cvtneps_pbh(c));
+          _mm512_storeu_si512(pt2 + (k / 2) * Rp + r, packed);
+        }
+      }
+      for (int64_t r = 0; r < rows; r += kRowTile) {
+        for (int64_t c = 0; c < Dp; c += kColTile) {
+          pv_tile_bf16(pt2 + r, Rp, (n + 1) / 2, vt2 + c * 2, Dp * 2, acc + r * Dp + c, Dp);
+        }
+      }
+#endif
+    } else {
+      for (int64_t r = 0; r < rows; r += kRowTile) {
+        for (int64_t c = 0; c < Dp; c += kColTile) {
+          pv_tile(st + r, Rp, n, vt + c, Dp, acc + r * Dp + c, Dp);
+        }
       }
     }
   };

@@ -30,7 +30,15 @@ template <typename T, int kDp>
 void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
   const int bytes = cuda::Smem<T, kDp>::bytes(params.mask_words);
   auto kernel = cuda::tree_attention_kernel<T, kDp>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  // Raise the kernel's dynamic shared-memory limit once per device and size (not on every
+  // call, so that launches inside a CUDA graph capture do nothing but launch).
+  constexpr int kDevices = 64;
+  static int configured[kDevices] = {};
+  const int device = p.q.get_device();
+  if (device >= kDevices || configured[device] < bytes) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (device < kDevices) configured[device] = bytes;
+  }
   const dim3 grid(static_cast<unsigned>(p.kv_heads * params.row_tiles),
                   static_cast<unsigned>(p.batch), static_cast<unsigned>(params.splits));
   kernel<<<grid, cuda::kThreads, bytes, stream>>>(params);
