@@ -16,13 +16,21 @@ PROMPT = 11
 PARENTS = [-1, 0, 0, 1, 2, 3, 1]
 
 
-def tiny_llama(device):
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64}),
+}
+
+
+def tiny_model(device, family="llama"):
+    config_name, model_name, extra = FAMILIES[family]
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    config = getattr(transformers, config_name)(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=16, max_position_embeddings=128, **extra,
     )
-    return transformers.LlamaForCausalLM(config).eval().to(device)
+    return getattr(transformers, model_name)(config).eval().to(device)
 
 
 def tree_inputs(parents, batch, device, seed=0):
@@ -54,8 +62,9 @@ def registered():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_tree_forward_matches_per_path_forwards_and_sdpa_4d_mask(device):
-    model = tiny_llama(device)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tree_forward_matches_per_path_forwards_and_sdpa_4d_mask(device, family):
+    model = tiny_model(device, family)
     batch = 2
     prompt = torch.randint(0, 97, (batch, PROMPT), generator=torch.Generator().manual_seed(1)).to(device)
     ids, positions, mask = tree_inputs(PARENTS, batch, device)
@@ -86,7 +95,7 @@ def test_tree_forward_matches_per_path_forwards_and_sdpa_4d_mask(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_without_tree_kwargs_it_is_sdpa(device):
-    model = tiny_llama(device)
+    model = tiny_model(device)
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(2)).to(device)
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
@@ -102,8 +111,22 @@ def test_without_tree_kwargs_it_is_sdpa(device):
     torch.testing.assert_close(rest, expected[:, 5:], atol=1e-4, rtol=1e-4)
 
 
+def test_sliding_window_beyond_the_cache_is_refused():
+    model = tiny_model("cpu", "mistral")
+    model.config.sliding_window = 8
+    for layer in model.model.layers:
+        layer.self_attn.config.sliding_window = 8
+    model.set_attn_implementation(hf_attention.ATTENTION_NAME)
+    ids, positions, mask = tree_inputs(PARENTS, 1, "cpu")
+    with torch.no_grad():
+        cache = model(input_ids=torch.arange(PROMPT).view(1, -1), use_cache=True).cache
+        with pytest.raises(NotImplementedError, match=r"sliding window of 8 positions but the cache holds \d+"):
+            model(input_ids=ids, position_ids=positions, cache=cache, tree_mask=mask,
+                  cache_lens=torch.tensor([PROMPT]))
+
+
 def test_one_tree_keyword_alone_is_an_error():
-    model = tiny_llama("cpu")
+    model = tiny_model("cpu")
     model.set_attn_implementation(hf_attention.ATTENTION_NAME)
     ids, positions, mask = tree_inputs(PARENTS, 1, "cpu")
     with pytest.raises(ValueError, match="pass both tree_mask and cache_lens"):

@@ -50,7 +50,9 @@ def tree_attention_forward(
         attention_mask: the model's mask, used only by the SDPA fallback.
         scaling: softmax scale (``D ** -0.5`` when None).
         kwargs: ``tree_mask`` (bool ``[B, N, N]``) and ``cache_lens`` (int ``[B]``) select the
-            tree path; everything else goes to the SDPA fallback.
+            tree path; everything else goes to the SDPA fallback. A sliding-window layer
+            (``sliding_window`` set by Mistral / Qwen2) is accepted while the cache fits the
+            window, and refused beyond it.
 
     Returns:
         ``(out [B, N, Hq, D], None)``.
@@ -68,6 +70,12 @@ def tree_attention_forward(
             f"{ATTENTION_NAME} attention: pass both tree_mask and cache_lens for a tree forward "
             f"(got tree_mask={'set' if tree_mask is not None else 'None'}, "
             f"cache_lens={'set' if cache_lens is not None else 'None'})"
+        )
+    window = kwargs.get("sliding_window")
+    if window is not None and key.size(2) > window:
+        raise NotImplementedError(
+            f"{ATTENTION_NAME} attention: layer {getattr(module, 'layer_idx', '?')} uses a sliding window of "
+            f"{window} positions but the cache holds {key.size(2)}; tree_attention attends the whole prefix"
         )
     if dropout and module.training:
         raise ValueError(f"{ATTENTION_NAME} attention: dropout is not supported (got {dropout})")
