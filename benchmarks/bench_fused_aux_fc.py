@@ -11,7 +11,6 @@ writes every figure as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -22,7 +21,7 @@ import eagle3_ext
 from eagle3_ext import reference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import compare, device_roofline, rotating  # noqa: E402
+from timing import compare, device_roofline, finish_report, rotating  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_HIDDEN = {"cpu": [1024, 4096], "cuda": [4096, 7168]}
@@ -113,13 +112,7 @@ def main(argv=None) -> int:
                     line += (f" {r['op_GBps']:>7.0f} {100 * r['op_GBps'] / roofline['copy_GBps']:>4.0f}%"
                              f" {r['op_TFLOPs']:>8.1f}")
                 print(line, flush=True)
-    worst = min(r["speedup"] for r in report["results"])
-    print(f"worst speedup over cat + linear: {worst:.2f}x")
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
+    finish_report(report, "cat + linear", args.out)
     return 0
 
 

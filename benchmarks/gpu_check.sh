@@ -34,6 +34,11 @@ $py benchmarks/bench_fused_aux_fc.py --device cuda --dtype bf16 --budget 0.3 \
 bench_rc=$?
 $py benchmarks/bench_tree_ops.py --device cuda --budget 0.2 --reference-bs 2 \
   --out "$out_dir/tree_ops_cuda.json" || bench_rc=1
+$py benchmarks/bench_tree_attention.py --device cuda --dtype bf16 --budget 0.2 \
+  --prefix 1024 16384 --tree 8 64 --batch 1 32 --out "$out_dir/tree_attention_cuda.json" \
+  || bench_rc=$?
+$py benchmarks/bench_tree_attention.py --device cuda --dtype bf16 --budget 0.2 --paged 16 \
+  --prefix 4096 --tree 32 --batch 8 --out "$out_dir/tree_attention_paged_cuda.json" || bench_rc=$?
 
 $py - "$out_dir" "$tests_rc" <<'PY'
 import json, os, sys

@@ -7,10 +7,12 @@ ratio of medians.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -79,3 +81,14 @@ def rotating(make: Callable[[], object], total_bytes: int, bytes_each: int, cap:
     """Several copies of an input set so that weights cycle through more memory than L2 holds."""
     count = max(1, min(cap, -(-total_bytes // max(1, bytes_each))))
     return [make() for _ in range(count)]
+
+
+def finish_report(report: Dict[str, object], baseline_name: str, out: Optional[str]) -> None:
+    """Prints the worst speedup of report["results"] over `baseline_name`; writes the JSON to `out`."""
+    worst = min(r["speedup"] for r in report["results"])
+    print(f"worst speedup over {baseline_name}: {worst:.2f}x")
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {out}")

@@ -70,6 +70,29 @@ TORCH_LIBRARY(eagle3, m) {
       "Tensor retrive_next_token, Tensor retrive_next_sibling, Tensor uniform_samples, "
       "Tensor uniform_samples_for_final_sampling, Tensor target_probs, Tensor(d!) draft_probs, "
       "float threshold_single, float threshold_acc, bool deterministic) -> ()");
+  // Attention of N draft-tree tokens against a KV prefix plus the tree itself (verify forward).
+  //   q:            [B, N, Hq, D], the tree tokens' queries (any strides).
+  //   k/v_cache:    [B, S_max, Hkv, D] (strided views allowed, e.g. HF's [B, Hkv, S, D]
+  //                 permuted; unit stride along D); the tree tokens' K/V are already written
+  //                 at positions cache_lens[b] .. cache_lens[b] + N - 1. Hq % Hkv == 0 (GQA).
+  //   cache_lens:   int32 or int64 [B], committed prefix length of each request.
+  //   tree_mask:    bool [B, N, N], [b, i, j] = tree token i sees tree token j (ancestors and
+  //                 itself; the diagonal must be set, a padding row sets only the diagonal).
+  //   scale:        softmax scale (usually D ** -0.5).
+  //   returns [B, N, Hq, D] in q's dtype; softmax in fp32. Query i of request b sees prefix
+  //   positions [0, cache_lens[b]) and tree positions cache_lens[b] + j where the mask is set.
+  m.def(
+      "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, "
+      "Tensor tree_mask, float scale) -> Tensor");
+
+  // tree_attention over a paged KV cache.
+  //   k/v_pages:    [P, page_size, Hkv, D] physical pages (strided views allowed).
+  //   block_table:  int32 [B, max_blocks], logical page p of request b is physical page
+  //                 block_table[b, p]; cache position s lives in page s // page_size at row
+  //                 s % page_size. The other arguments are those of tree_attention.
+  m.def(
+      "tree_attention_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, "
+      "Tensor cache_lens, Tensor tree_mask, float scale) -> Tensor");
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/cuda_host.h"
 #include "common/dispatch.h"
 #include "fused_aux_fc/inputs.h"
 #include "fused_aux_fc/kernel.cuh"
@@ -14,21 +15,16 @@
 namespace eagle3::fused_aux_fc {
 namespace {
 
+using cuda_host::DeviceType;
+using cuda_host::aligned16;
+using cuda_host::sm_count;
+
 // Enough CTAs in flight that every SM keeps several W tiles streaming.
 constexpr int kCtasPerSm = 4;
 // A split smaller than this many K tiles spends more on partials than it gains.
 constexpr int64_t kMinStepsPerSplit = 8;
 // Up to this many activation rows the decode tile (16 rows per CTA) is used.
 constexpr int64_t kDecodeMaxRows = 128;
-
-template <typename T>
-struct DeviceType { using type = T; };
-template <>
-struct DeviceType<c10::Half> { using type = __half; };
-template <>
-struct DeviceType<c10::BFloat16> { using type = __nv_bfloat16; };
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool vector_path_ok(const Problem& p) {
   if (p.weight.scalar_type() == at::kFloat) return false;
@@ -38,12 +34,6 @@ bool vector_path_ok(const Problem& p) {
     if (x.stride(0) % cuda::kVector != 0 || !aligned16(x.data_ptr())) return false;
   }
   return true;
-}
-
-int sm_count(int device) {
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
 }
 
 template <typename T, typename Cfg>

@@ -15,6 +15,8 @@ from .ops import (
     build_tree_kernel_efficient,
     fused_aux_fc,
     tree_speculative_sampling_target_only,
+    tree_attention,
+    tree_attention_paged,
     verify_tree_greedy,
 )
 
@@ -48,6 +50,8 @@ __all__ = [
     "reference",
     "resolve_aux_layer_ids",
     "tree_speculative_sampling_target_only",
+    "tree_attention",
+    "tree_attention_paged",
     "verify_tree_greedy",
     "__version__",
 ]

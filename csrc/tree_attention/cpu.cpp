@@ -1,0 +1,136 @@
+// CPU entries of eagle3::tree_attention and eagle3::tree_attention_paged: validate, describe
+// the call to the framework-free kernel (cpu_kernel.h), split it into tasks and run them with
+// at::parallel_for.
+//
+// Tasks: (request b, kv head h, block of packed query rows). The N x G query rows of one
+// (b, h) (G = Hq / Hkv) share every K / V element, so a task takes as many of them as fit
+// kMaxRowsPerTask; only when B x Hkv gives fewer tasks than threads are the rows split
+// further (each split re-reads that head's K / V, from cache on a long prefix).
+#include <cstdlib>
+#include <string_view>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "tree_attention/cpu_kernel.h"
+#include "tree_attention/inputs.h"
+
+namespace eagle3::tree_attention {
+namespace {
+
+constexpr int64_t kMaxRowsPerTask = 64;
+constexpr int64_t kMinRowsPerTask = 8;
+constexpr int64_t kScratchAlign = 16;  // floats (64 bytes)
+
+// The AVX-512 build when the CPU has AVX-512F, unless EAGLE3_CPU_ISA=generic asks for the
+// portable one (read per call, so a test can cover both builds in one process).
+bool use_avx512() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool has = __builtin_cpu_supports("avx512f");
+  const char* isa = std::getenv("EAGLE3_CPU_ISA");
+  return has && !(isa != nullptr && std::string_view(isa) == "generic");
+#else
+  return false;
+#endif
+}
+
+cpu::DType kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return cpu::DType::kHalf;
+    case at::kBFloat16:
+      return cpu::DType::kBFloat16;
+    default:
+      return cpu::DType::kFloat;
+  }
+}
+
+at::Tensor run(const Problem& p) {
+  check_values(p, p.cache_lens, p.tree_mask.diagonal(0, 1, 2), p.block_table);
+  at::Tensor out = empty_output(p);
+  if (out.numel() == 0) return out;
+
+  const at::Tensor lens = p.cache_lens.to(at::kLong).contiguous();
+  const at::Tensor table = p.paged() ? p.block_table.contiguous() : at::Tensor();
+
+  cpu::Params prm;
+  prm.dtype = kernel_dtype(p.q.scalar_type());
+  prm.q = p.q.data_ptr();
+  prm.q_batch = p.q.stride(0);
+  prm.q_token = p.q.stride(1);
+  prm.q_head = p.q.stride(2);
+  prm.out = out.data_ptr();
+  prm.o_batch = out.stride(0);
+  prm.o_token = out.stride(1);
+  prm.o_head = out.stride(2);
+  prm.kv.k = p.k.data_ptr();
+  prm.kv.v = p.v.data_ptr();
+  prm.kv.k_page = p.k.stride(0);
+  prm.kv.k_row = p.k.stride(1);
+  prm.kv.k_head = p.k.stride(2);
+  prm.kv.v_page = p.v.stride(0);
+  prm.kv.v_row = p.v.stride(1);
+  prm.kv.v_head = p.v.stride(2);
+  prm.kv.page_size = p.page_size;
+  if (p.paged()) {
+    prm.kv.block_table = table.data_ptr<int32_t>();
+    prm.kv.bt_stride = table.stride(0);
+  }
+  prm.cache_lens = lens.data_ptr<int64_t>();
+  prm.mask = reinterpret_cast<const uint8_t*>(p.tree_mask.data_ptr<bool>());
+  prm.m_batch = p.tree_mask.stride(0);
+  prm.m_row = p.tree_mask.stride(1);
+  prm.m_col = p.tree_mask.stride(2);
+  prm.batch = p.batch;
+  prm.tree = p.tree;
+  prm.q_heads = p.q_heads;
+  prm.kv_heads = p.kv_heads;
+  prm.head_dim = p.head_dim;
+  prm.scale = static_cast<float>(p.scale);
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool has_bf16_dot = __builtin_cpu_supports("avx512bf16");
+  prm.bf16_dot = has_bf16_dot;
+#endif
+
+  const int64_t rows = p.tree * p.group();
+  const int64_t threads = at::get_num_threads();
+  int64_t rows_per_task = std::min(rows, kMaxRowsPerTask);
+  auto blocks_of = [&](int64_t r) { return (rows + r - 1) / r; };
+  while (rows_per_task > kMinRowsPerTask &&
+         p.batch * p.kv_heads * blocks_of(rows_per_task) < threads) {
+    rows_per_task = (rows_per_task + 1) / 2;
+  }
+  const int64_t row_blocks = blocks_of(rows_per_task);
+  const int64_t tasks = p.batch * p.kv_heads * row_blocks;
+
+  const int64_t per_thread =
+      (static_cast<int64_t>(cpu::scratch_floats(p.head_dim, rows_per_task)) + kScratchAlign - 1) /
+      kScratchAlign * kScratchAlign;
+  at::Tensor scratch = at::empty({threads * per_thread + kScratchAlign}, out.options().dtype(at::kFloat));
+  float* base = scratch.data_ptr<float>();
+  base += (kScratchAlign - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % kScratchAlign) %
+          kScratchAlign;
+  const auto run_task = use_avx512() ? &cpu::run_task_avx512 : &cpu::run_task_generic;
+
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    float* mine = base + at::get_thread_num() * per_thread;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t block = t % row_blocks;
+      const int64_t h = (t / row_blocks) % p.kv_heads;
+      const int64_t b = t / (row_blocks * p.kv_heads);
+      const int64_t r0 = block * rows_per_task;
+      run_task(prm, b, h, r0, std::min(rows, r0 + rows_per_task), mine);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(eagle3, CPU, m) {
+  m.impl("tree_attention", &contiguous_entry<run>);
+  m.impl("tree_attention_paged", &paged_entry<run>);
+}
+
+}  // namespace eagle3::tree_attention

@@ -1,0 +1,18 @@
+// The CPU tree-attention kernel compiled with the default flags: any CPU runs it.
+#define EAGLE3_TREE_ISA generic
+#include "tree_attention/cpu_kernel_impl.h"
+
+namespace eagle3::tree_attention::cpu {
+
+void run_task_generic(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
+                      float* scratch) {
+  generic::run_task(p, b, h, row_begin, row_end, scratch);
+}
+
+size_t scratch_floats(int64_t head_dim, int64_t rows) {
+  const int64_t dp = (head_dim + kColTile - 1) / kColTile * kColTile;
+  const int64_t rp = (rows + 15) / 16 * 16;
+  return static_cast<size_t>(head_dim * rp + rp * dp + kKeys * rp + 2 * rp + 2 * kKeys * dp + dp + head_dim * rp / 2 + kKeys * rp / 2 + 16);
+}
+
+}  // namespace eagle3::tree_attention::cpu

@@ -1,0 +1,499 @@
+// The body of the CPU tree-attention kernel. Included by cpu_avx512.cpp and cpu_generic.cpp,
+// each defining EAGLE3_TREE_ISA (a namespace name) and compiling it with its own flags.
+// Everything here has internal linkage (anonymous namespace) and uses no inline function
+// from another header, so no AVX-512 code can leak into the generic build through the linker.
+//
+// Work split: one task = one request b, one kv head h and a range of its packed query rows
+// (the N tree tokens x G = Hq / Hkv q heads that share the kv head, row r = token r / G, head
+// h * G + r % G). The task walks the keys in blocks of kKeys positions: the prefix
+// [0, cache_lens[b]) with no mask test (only the last, partial block masks its tail), then the
+// N tree positions with tree_mask applied. Per block:
+//   1. K rows are converted to fp32 and stored transposed (kt[D][kKeys]), V rows as vt[kKeys][D];
+//      each K / V element is read once per task and reused by every packed row.
+//   2. Scores s[rows][kKeys] = q . K^T in register tiles of 4 rows x 32 keys (8 accumulators,
+//      one broadcast q element and two key vectors per step).
+//   3. Online softmax per row in the log2 domain (q is pre-scaled by scale * log2(e)): running
+//      max m and sum l in fp32, the accumulator row rescaled only when the max moves.
+//   4. acc[rows][D] += p . V in register tiles of 4 rows x 64 columns (16 accumulators).
+// Nothing of size [N, S] exists: the scratch is O(rows x D + kKeys x D).
+// The vector code is written with GCC/Clang vector extensions (16 x fp32), which the compiler
+// lowers to AVX-512 in one build and to SSE2 in the other.
+#include <cstdint>
+#include <cstring>
+#ifdef EAGLE3_TREE_AVX512BF16
+#include <immintrin.h>
+#endif
+
+#include "tree_attention/cpu_kernel.h"
+
+namespace eagle3::tree_attention::cpu::EAGLE3_TREE_ISA {
+namespace {
+
+constexpr int kLanes = 16;
+typedef float vf __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t vu __attribute__((vector_size(64), aligned(4)));
+typedef uint16_t vh __attribute__((vector_size(32), aligned(2)));
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -__builtin_inff();
+
+__attribute__((always_inline)) inline vf splat(float x) { return vf{} + x; }
+__attribute__((always_inline)) inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+__attribute__((always_inline)) inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// 2^x for x <= 0 (softmax arguments): round to the nearest integer n, 2^(x - n) by a degree-6
+// polynomial on [-0.5, 0.5] (relative error ~1e-7), 2^n through the exponent bits. Below -126
+// the result is exactly 0, so masked (-inf) scores give exactly 0.
+__attribute__((always_inline)) inline vf exp2v(vf x) {
+  const vf lo = splat(-127.f);
+  x = x < lo ? lo : x;
+  const vf half = x < splat(0.f) ? splat(-0.5f) : splat(0.5f);
+  const vi n = __builtin_convertvector(x + half, vi);  // truncation: round half away from 0
+  const vf f = x - __builtin_convertvector(n, vf);
+  vf p = splat(1.5403530393381608e-4f);
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.618129107628477e-3f;
+  p = p * f + 5.550410866482158e-2f;
+  p = p * f + 2.402265069591007e-1f;
+  p = p * f + 6.931471805599453e-1f;
+  p = p * f + 1.f;
+  const vi bits = (n + 127) << 23;  // n = -127 gives 0 (the +0.0 pattern)
+  return p * (vf)bits;
+}
+
+// --- dtype conversions (fp16 after Maratyszcza's FP16 library, written lane-wise) --------------
+
+__attribute__((always_inline)) inline vf half_to_float(vh h) {
+  const vu w = __builtin_convertvector(h, vu) << 16;
+  const vu sign = w & 0x80000000u;
+  const vu two_w = w + w;
+  const vu normalized_bits = (two_w >> 4) + (0xE0u << 23);
+  const vf normalized = (vf)normalized_bits * 0x1.0p-112f;
+  const vu denormalized_bits = (two_w >> 17) | (126u << 23);
+  const vf denormalized = (vf)denormalized_bits - 0.5f;
+  const vu result = sign | (two_w < (1u << 27) ? (vu)denormalized
+                                               : (vu)normalized);
+  return (vf)result;
+}
+
+inline uint16_t float_to_half(float f) {
+  const float abs_f = bits_to_float(float_to_bits(f) & 0x7fffffffu);
+  float base = (abs_f * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = float_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = bits_to_float((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = float_to_bits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+inline uint16_t float_to_bf16(float f) {
+  const uint32_t bits = float_to_bits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN stays a quiet NaN
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Converts n elements of a row of the cache / q dtype to fp32.
+template <DType kType>
+inline void load_row(const void* src, float* dst, int64_t n) {
+  if constexpr (kType == DType::kFloat) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    int64_t d = 0;
+    for (; d + kLanes <= n; d += kLanes) {
+      vh h;
+      std::memcpy(&h, s + d, sizeof(h));
+      if constexpr (kType == DType::kBFloat16) {
+        const vu w = __builtin_convertvector(h, vu) << 16;
+        store(dst + d, (vf)w);
+      } else {
+        store(dst + d, half_to_float(h));
+      }
+    }
+    if (d < n) {
+      vh h{};
+      std::memcpy(&h, s + d, (n - d) * sizeof(uint16_t));
+      float tail[kLanes];
+      if constexpr (kType == DType::kBFloat16) {
+        const vu w = __builtin_convertvector(h, vu) << 16;
+        store(tail, (vf)w);
+      } else {
+        store(tail, half_to_float(h));
+      }
+      std::memcpy(dst + d, tail, (n - d) * sizeof(float));
+    }
+  }
+}
+
+template <DType kType>
+inline void store_row(const float* src, float factor, void* dst, int64_t n) {
+  if constexpr (kType == DType::kFloat) {
+    float* o = static_cast<float*>(dst);
+    for (int64_t d = 0; d < n; ++d) o[d] = src[d] * factor;
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (int64_t d = 0; d < n; ++d) {
+      o[d] = kType == DType::kHalf ? float_to_half(src[d] * factor) : float_to_bf16(src[d] * factor);
+    }
+  }
+}
+
+inline int64_t element_size(DType t) { return t == DType::kFloat ? 4 : 2; }
+
+// Element offsets of cache position s of request b, kv head h (contiguous: page b).
+inline void kv_offsets(const KvCache& kv, int64_t b, int64_t s, int64_t h, int64_t& k_off,
+                       int64_t& v_off) {
+  int64_t page = b;
+  int64_t row = s;
+  if (kv.block_table != nullptr) {
+    page = kv.block_table[b * kv.bt_stride + s / kv.page_size];
+    row = s % kv.page_size;
+  }
+  k_off = page * kv.k_page + row * kv.k_row + h * kv.k_head;
+  v_off = page * kv.v_page + row * kv.v_row + h * kv.v_head;
+}
+
+// s[k][0:16] = sum_d kf[k][d] * qt[d][0:16] for kKeyTile keys: one query vector (16 packed rows,
+// qt rows ldq apart) against kKeyTile key rows (kf rows ldk apart); s rows lds apart.
+__attribute__((always_inline)) inline void qk_tile(const float* qt, int64_t ldq, const float* kf,
+                                                  int64_t ldk, int64_t D, float* s, int64_t lds) {
+  vf a[kKeyTile];
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) a[j] = vf{};
+  for (int64_t d = 0; d < D; ++d) {
+    const vf q = load(qt + d * ldq);
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile; ++j) a[j] += kf[j * ldk + d] * q;
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) store(s + j * lds, a[j]);
+}
+
+#ifdef EAGLE3_TREE_AVX512BF16
+// The bfloat16 variant of qk_tile (AVX512-BF16): qt2[d/2][16 rows][2] holds the unscaled bf16
+// queries in pairs along D, krows[j] points at key j's raw bf16 row; each vdpbf16ps multiplies
+// two D elements of 16 rows exactly and adds in fp32, so K is never converted. Scores are
+// scaled by `scale` on the way out.
+__attribute__((always_inline)) inline void qk_tile_bf16(const uint16_t* qt2, int64_t ldq,
+                                                       const uint16_t* const* krows, int64_t D2,
+                                                       float scale, float* s, int64_t lds) {
+  __m512 a[kKeyTile];
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) a[j] = _mm512_setzero_ps();
+  for (int64_t dp = 0; dp < D2; ++dp) {
+    const __m512bh q = (__m512bh)_mm512_loadu_si512(qt2 + dp * ldq);
+#pragma GCC unroll 8
+    for (int j = 0; j < kKeyTile; ++j) {
+      int32_t pair;
+      std::memcpy(&pair, krows[j] + 2 * dp, sizeof(pair));
+      a[j] = _mm512_dpbf16_ps(a[j], q, (__m512bh)_mm512_set1_epi32(pair));
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < kKeyTile; ++j) _mm512_storeu_ps(s + j * lds, _mm512_mul_ps(a[j], _mm512_set1_ps(scale)));
+}
+
+// 16 bf16 from a and 16 from b interleaved as 16 (a_i, b_i) pairs (one 32-bit lane each).
+__attribute__((always_inline)) inline __m512i interleave_bf16(__m256i a, __m256i b) {
+  return _mm512_or_si512(_mm512_cvtepu16_epi32(a), _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// The bfloat16 variant of pv_tile: o[4][64] += sum over key pairs of p2[kp][row] . v2[kp][64],
+// where p2 holds (p[2kp], p[2kp + 1]) of each row as a bf16 pair and v2[kp][d] the pair
+// (v[2kp][d], v[2kp + 1][d]); one vdpbf16ps covers two keys.
+__attribute__((always_inline)) inline void pv_tile_bf16(const uint32_t* p2, int64_t ldp, int64_t pairs,
+                                                       const uint16_t* v2, int64_t ldv, float* o,
+                                                       int64_t ldo) {
+  __m512 acc[kRowTile][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRowTile; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_loadu_ps(o + i * ldo + j * kLanes);
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const uint16_t* vr = v2 + kp * ldv;
+    __m512bh v[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) v[j] = (__m512bh)_mm512_loadu_si512(vr + j * 2 * kLanes);
+#pragma GCC unroll 4
+    for (int i = 0; i < kRowTile; ++i) {
+      const __m512bh pi = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(p2[kp * ldp + i]));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], pi, v[j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kRowTile; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o + i * ldo + j * kLanes, acc[i][j]);
+}
+#endif
+
+// o[4][64] += sum_k p[k][0:4] * v[k][64] for k < n  (p rows ldp apart, v rows ldv apart, o rows
+// ldo apart).
+__attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, int64_t n,
+                                                  const float* v, int64_t ldv, float* o,
+                                                  int64_t ldo) {
+  vf acc[kRowTile][4];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRowTile; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) acc[i][j] = load(o + i * ldo + j * kLanes);
+  for (int64_t k = 0; k < n; ++k) {
+    const float* vr = v + k * ldv;
+    const vf v0 = load(vr), v1 = load(vr + kLanes), v2 = load(vr + 2 * kLanes),
+             v3 = load(vr + 3 * kLanes);
+#pragma GCC unroll 4
+    for (int i = 0; i < kRowTile; ++i) {
+      const float pi = p[k * ldp + i];
+      acc[i][0] += pi * v0;
+      acc[i][1] += pi * v1;
+      acc[i][2] += pi * v2;
+      acc[i][3] += pi * v3;
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kRowTile; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) store(o + i * ldo + j * kLanes, acc[i][j]);
+}
+
+template <DType kType>
+void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
+               float* scratch) {
+  const int64_t D = p.head_dim;
+  const int64_t Dp = round_up(D, kColTile);
+  const int64_t rows = row_end - row_begin;
+  const int64_t Rp = round_up(rows, kLanes);
+  const int64_t G = p.q_heads / p.kv_heads;
+  const int64_t esize = element_size(kType);
+
+  float* qt = scratch;            // [D][Rp] scaled queries, transposed (rows along lanes)
+  float* acc = qt + D * Rp;       // [Rp][Dp] unnormalized outputs
+  float* st = acc + Rp * Dp;      // [kKeys][Rp] scores, then probabilities
+  float* m = st + kKeys * Rp;     // [Rp] running max (log2 domain)
+  float* l = m + Rp;              // [Rp] running sum
+  float* kf = l + Rp;             // [kKeys][Dp] keys
+  float* vt = kf + kKeys * Dp;    // [kKeys][Dp] values
+  float* tmp = vt + kKeys * Dp;   // [Dp] one converted query row
+  // (then, for the bf16 dot-product path, qt2: [D / 2][Rp][2] bf16 = D * Rp / 2 floats, and
+  // pt2: [kKeys / 2][Rp] bf16 pairs = kKeys * Rp / 2 floats)
+
+  std::memset(qt, 0, sizeof(float) * D * Rp);
+  std::memset(acc, 0, sizeof(float) * Rp * Dp);
+  std::memset(kf, 0, sizeof(float) * 2 * kKeys * Dp);
+
+  const float qscale = p.scale * kLog2e;
+  const char* qbase = static_cast<const char*>(p.q);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = (row_begin + r) / G;
+    const int64_t head = h * G + (row_begin + r) % G;
+    const int64_t off = b * p.q_batch + token * p.q_token + head * p.q_head;
+    load_row<kType>(qbase + off * esize, tmp, D);
+    for (int64_t d = 0; d < D; ++d) qt[d * Rp + r] = tmp[d] * qscale;
+  }
+  for (int64_t r = 0; r < Rp; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.f;
+  }
+#ifdef EAGLE3_TREE_AVX512BF16
+  // bf16 with AVX512-BF16 and D a multiple of 16: q . K and P . V on bf16 pairs (qk_tile_bf16,
+  // pv_tile_bf16). The queries go unscaled into qt2[d/2][Rp][2]; K rows are read in place, V
+  // rows are interleaved in key pairs into vt2, probabilities rounded to bf16 pairs into pt2.
+  const bool bf16_dot = kType == DType::kBFloat16 && p.bf16_dot && D % kLanes == 0;
+  uint16_t* qt2 = reinterpret_cast<uint16_t*>(tmp + Dp);  // [D / 2][Rp][2]
+  const uint16_t* krows[kKeys];
+  const uint16_t* vrows[kKeys + 1];
+  uint16_t* vt2 = reinterpret_cast<uint16_t*>(vt);                 // [kKeys / 2][Dp][2]
+  uint32_t* pt2 = reinterpret_cast<uint32_t*>(qt2 + D * Rp);       // [kKeys / 2][Rp]
+  const uint16_t* zero_row = reinterpret_cast<const uint16_t*>(tmp);
+  if (bf16_dot) {
+    std::memset(tmp, 0, sizeof(float) * Dp);
+    std::memset(qt2, 0, sizeof(uint16_t) * D * Rp);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = (row_begin + r) / G;
+      const int64_t head = h * G + (row_begin + r) % G;
+      const int64_t off = b * p.q_batch + token * p.q_token + head * p.q_head;
+      const uint16_t* qr = reinterpret_cast<const uint16_t*>(qbase + off * esize);
+      for (int64_t d = 0; d < D; ++d) qt2[(d / 2) * Rp * 2 + r * 2 + d % 2] = qr[d];
+    }
+  }
+#else
+  constexpr bool bf16_dot = false;
+#endif
+
+  const char* kbase = static_cast<const char*>(p.kv.k);
+  const char* vbase = static_cast<const char*>(p.kv.v);
+  const int64_t prefix = p.cache_lens[b];
+  const vf neg_inf = splat(kNegInf);
+
+  // One block of n <= kKeys keys at cache positions [s0, s0 + n); tree_j0 >= 0 marks a block
+  // of tree positions (tree tokens tree_j0 ...), whose scores go through tree_mask.
+  auto block = [&](int64_t s0, int64_t n, int64_t tree_j0) {
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t k_off, v_off;
+      kv_offsets(p.kv, b, s0 + k, h, k_off, v_off);
+#ifdef EAGLE3_TREE_AVX512BF16
+      if (bf16_dot) {
+        krows[k] = reinterpret_cast<const uint16_t*>(kbase + k_off * esize);
+      } else {
+        load_row<kType>(kbase + k_off * esize, kf + k * Dp, D);
+      }
+#else
+      load_row<kType>(kbase + k_off * esize, kf + k * Dp, D);
+#endif
+#ifdef EAGLE3_TREE_AVX512BF16
+      if (bf16_dot) {
+        vrows[k] = reinterpret_cast<const uint16_t*>(vbase + v_off * esize);
+        continue;
+      }
+#endif
+      load_row<kType>(vbase + v_off * esize, vt + k * Dp, D);
+    }
+#ifdef EAGLE3_TREE_AVX512BF16
+    if (bf16_dot) {  // V as key pairs: vt2[k / 2][Dp][2]
+      if (n % 2) vrows[n] = zero_row;
+      for (int64_t k = 0; k < n; k += 2) {
+        uint16_t* dst = vt2 + (k / 2) * Dp * 2;
+        for (int64_t d = 0; d < D; d += kLanes) {
+          const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrows[k] + d));
+          const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrows[k + 1] + d));
+          _mm512_storeu_si512(dst + d * 2, interleave_bf16(a, c));
+        }
+      }
+    }
+#endif
+    const int64_t n_tiles = round_up(n, kKeyTile);
+    if (bf16_dot) {
+#ifdef EAGLE3_TREE_AVX512BF16
+      for (int64_t k = n; k < n_tiles; ++k) krows[k] = zero_row;
+      for (int64_t k = 0; k < n_tiles; k += kKeyTile) {
+        for (int64_t r = 0; r < Rp; r += kLanes) {
+          qk_tile_bf16(qt2 + r * 2, Rp * 2, krows + k, D / 2, qscale, st + k * Rp + r, Rp);
+        }
+      }
+#endif
+    } else {
+      for (int64_t k = 0; k < n_tiles; k += kKeyTile) {
+        for (int64_t r = 0; r < Rp; r += kLanes) qk_tile(qt + r, Rp, kf + k * Dp, Dp, D, st + k * Rp + r, Rp);
+      }
+    }
+    for (int64_t k = n; k < kKeys; ++k) {
+      for (int64_t r = 0; r < Rp; r += kLanes) store(st + k * Rp + r, neg_inf);
+    }
+    if (tree_j0 >= 0) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t token = (row_begin + r) / G;
+        const uint8_t* mr = p.mask + b * p.m_batch + token * p.m_row + tree_j0 * p.m_col;
+        for (int64_t k = 0; k < n; ++k) {
+          if (!mr[k * p.m_col]) st[k * Rp + r] = kNegInf;
+        }
+      }
+    }
+    // Online softmax, 16 rows per vector: column maxima, rescale factors, probabilities.
+    for (int64_t r = 0; r < Rp; r += kLanes) {
+      vf mx = load(st + r);
+      for (int64_t k = 1; k < n; ++k) {
+        const vf x = load(st + k * Rp + r);
+        mx = x > mx ? x : mx;
+      }
+      const vf m_old = load(m + r);
+      vf m_new = mx > m_old ? mx : m_old;
+      // A row that has seen nothing yet (all -inf) subtracts 0 instead: its p and alpha are 0.
+      const vf m_use = m_new == neg_inf ? splat(0.f) : m_new;
+      const vf alpha = exp2v(m_old - m_use);
+      vf sum = {};
+      for (int64_t k = 0; k < n; ++k) {
+        const vf e = exp2v(load(st + k * Rp + r) - m_use);
+        store(st + k * Rp + r, e);
+        sum += e;
+      }
+      store(l + r, load(l + r) * alpha + sum);
+      store(m + r, m_new);
+      for (int i = 0; i < kLanes && r + i < rows; ++i) {
+        if (alpha[i] != 1.f) {
+          float* ar = acc + (r + i) * Dp;
+          for (int64_t d = 0; d < Dp; d += kLanes) store(ar + d, load(ar + d) * alpha[i]);
+        }
+      }
+    }
+    if (bf16_dot) {
+#ifdef EAGLE3_TREE_AVX512BF16
+      // P as bf16 key pairs per row: pt2[k / 2][Rp]; a missing odd key has p = 0.
+      for (int64_t k = 0; k < n; k += 2) {
+        for (int64_t r = 0; r < Rp; r += kLanes) {
+          const __m512 a = _mm512_loadu_ps(st + k * Rp + r);
+          const __m512 c = k + 1 < n ? _mm512_loadu_ps(st + (k + 1) * Rp + r) : _mm512_setzero_ps();
+          const __m512i packed = interleave_bf16((__m256i)_mm512_cvtneps_pbh(a), (__m256i)_mm512_cvtneps_pbh(c));
+          _mm512_storeu_si512(pt2 + (k / 2) * Rp + r, packed);
+        }
+      }
+      for (int64_t r = 0; r < rows; r += kRowTile) {
+        for (int64_t c = 0; c < Dp; c += kColTile) {
+          pv_tile_bf16(pt2 + r, Rp, (n + 1) / 2, vt2 + c * 2, Dp * 2, acc + r * Dp + c, Dp);
+        }
+      }
+#endif
+    } else {
+      for (int64_t r = 0; r < rows; r += kRowTile) {
+        for (int64_t c = 0; c < Dp; c += kColTile) {
+          pv_tile(st + r, Rp, n, vt + c, Dp, acc + r * Dp + c, Dp);
+        }
+      }
+    }
+  };
+
+  for (int64_t s0 = 0; s0 < prefix; s0 += kKeys) block(s0, min64(kKeys, prefix - s0), -1);
+  for (int64_t j0 = 0; j0 < p.tree; j0 += kKeys) block(prefix + j0, min64(kKeys, p.tree - j0), j0);
+
+  char* obase = static_cast<char*>(p.out);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t token = (row_begin + r) / G;
+    const int64_t head = h * G + (row_begin + r) % G;
+    const int64_t off = b * p.o_batch + token * p.o_token + head * p.o_head;
+    store_row<kType>(acc + r * Dp, 1.f / l[r], obase + off * esize, D);
+  }
+}
+
+}  // namespace
+
+void run_task(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
+              float* scratch) {
+  switch (p.dtype) {
+    case DType::kFloat:
+      run_typed<DType::kFloat>(p, b, h, row_begin, row_end, scratch);
+      break;
+    case DType::kHalf:
+      run_typed<DType::kHalf>(p, b, h, row_begin, row_end, scratch);
+      break;
+    case DType::kBFloat16:
+      run_typed<DType::kBFloat16>(p, b, h, row_begin, row_end, scratch);
+      break;
+  }
+}
+
+}  // namespace eagle3::tree_attention::cpu::EAGLE3_TREE_ISA

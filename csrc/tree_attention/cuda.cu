@@ -1,0 +1,158 @@
+// CUDA entries of eagle3::tree_attention and eagle3::tree_attention_paged: validate, choose the
+// head-dim tile and the KV split, launch on the current stream. Device code: kernel.cuh.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "common/cuda_host.h"
+#include "common/dispatch.h"
+#include "tree_attention/inputs.h"
+#include "tree_attention/kernel.cuh"
+
+namespace eagle3::tree_attention {
+namespace {
+
+using cuda_host::DeviceType;
+using cuda_host::aligned16;
+using cuda_host::sm_count;
+
+// Aim for this many CTAs per SM before splitting the KV range further.
+constexpr int64_t kCtasPerSm = 2;
+// A split shorter than this many positions costs more in partials than it gains.
+constexpr int64_t kMinSplitPositions = 256;
+constexpr int64_t kMaxHeadDim = 256;
+
+template <typename T, int kDp>
+void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
+  const int bytes = cuda::Smem<T, kDp>::bytes(params.mask_words);
+  auto kernel = cuda::tree_attention_kernel<T, kDp>;
+  // Raise the kernel's dynamic shared-memory limit once per device and size (not on every
+  // call, so that launches inside a CUDA graph capture do nothing but launch).
+  constexpr int kDevices = 64;
+  static int configured[kDevices] = {};
+  const int device = p.q.get_device();
+  if (device >= kDevices || configured[device] < bytes) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    if (device < kDevices) configured[device] = bytes;
+  }
+  const dim3 grid(static_cast<unsigned>(p.kv_heads * params.row_tiles),
+                  static_cast<unsigned>(p.batch), static_cast<unsigned>(params.splits));
+  kernel<<<grid, cuda::kThreads, bytes, stream>>>(params);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (params.splits > 1) {
+    const int64_t rows = p.batch * p.tree * p.q_heads;
+    const unsigned blocks = static_cast<unsigned>((rows + cuda::kWarps - 1) / cuda::kWarps);
+    cuda::merge_splits_kernel<T><<<blocks, cuda::kThreads, 0, stream>>>(params);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename scalar_t>
+void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table, at::Tensor& out) {
+  using T = typename DeviceType<scalar_t>::type;
+  cuda::Params<T> params{};
+  params.q = reinterpret_cast<const T*>(p.q.data_ptr());
+  params.q_batch = p.q.stride(0);
+  params.q_token = p.q.stride(1);
+  params.q_head = p.q.stride(2);
+  params.out = reinterpret_cast<T*>(out.data_ptr());
+  params.o_batch = out.stride(0);
+  params.o_token = out.stride(1);
+  params.o_head = out.stride(2);
+  params.k = reinterpret_cast<const T*>(p.k.data_ptr());
+  params.v = reinterpret_cast<const T*>(p.v.data_ptr());
+  params.k_page = p.k.stride(0);
+  params.k_row = p.k.stride(1);
+  params.k_head = p.k.stride(2);
+  params.v_page = p.v.stride(0);
+  params.v_row = p.v.stride(1);
+  params.v_head = p.v.stride(2);
+  params.page_size = p.page_size;
+  if (p.paged()) {
+    params.block_table = table.data_ptr<int32_t>();
+    params.bt_stride = table.stride(0);
+  }
+  params.cache_lens = lens.data_ptr<int32_t>();
+  params.mask = p.tree_mask.data_ptr<bool>();
+  params.m_batch = p.tree_mask.stride(0);
+  params.m_row = p.tree_mask.stride(1);
+  params.m_col = p.tree_mask.stride(2);
+  params.batch = static_cast<int>(p.batch);
+  params.tree = static_cast<int>(p.tree);
+  params.q_heads = static_cast<int>(p.q_heads);
+  params.kv_heads = static_cast<int>(p.kv_heads);
+  params.head_dim = static_cast<int>(p.head_dim);
+  params.group = static_cast<int>(p.group());
+  params.rows = static_cast<int>(p.tree * p.group());
+  params.row_tiles = (params.rows + cuda::kTileRows - 1) / cuda::kTileRows;
+  params.mask_words = static_cast<int>((p.tree + 63) / 64);
+  params.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+
+  constexpr int64_t kVec = 16 / sizeof(T);
+  params.vec_ok = p.head_dim % kVec == 0 && aligned16(params.k) && aligned16(params.v);
+  const int64_t strides[] = {params.k_page, params.k_row, params.k_head,
+                             params.v_page, params.v_row, params.v_head};
+  for (const int64_t s : strides) params.vec_ok = params.vec_ok && s % kVec == 0;
+
+  // KV split: enough CTAs for every SM, never splits shorter than kMinSplitPositions.
+  const int64_t ctas = p.batch * p.kv_heads * params.row_tiles;
+  const int64_t wanted = sm_count(p.q.get_device()) * kCtasPerSm;
+  int64_t splits = std::max<int64_t>(1, (wanted + ctas - 1) / ctas);
+  splits = std::max<int64_t>(1, std::min(splits, p.capacity / kMinSplitPositions));
+  int64_t chunk = (p.capacity + splits - 1) / splits;
+  chunk = (chunk + cuda::kBlockKeys - 1) / cuda::kBlockKeys * cuda::kBlockKeys;
+  params.chunk = chunk;
+  params.splits = static_cast<int>((p.capacity + chunk - 1) / chunk);
+  TORCH_CHECK(p.batch <= 65535 && params.splits <= 65535, "eagle3.", p.op,
+              ": batch and KV splits are limited to 65535 on CUDA");
+
+  at::Tensor part_out, part_lse;
+  if (params.splits > 1) {
+    const auto f32 = out.options().dtype(at::kFloat);
+    part_out = at::empty({params.splits, p.batch, p.tree, p.q_heads, p.head_dim}, f32);
+    part_lse = at::empty({params.splits, p.batch, p.tree, p.q_heads}, f32);
+    params.part_out = part_out.data_ptr<float>();
+    params.part_lse = part_lse.data_ptr<float>();
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (p.head_dim <= 64) {
+    launch<T, 64>(params, p, stream);
+  } else if (p.head_dim <= 128) {
+    launch<T, 128>(params, p, stream);
+  } else {
+    launch<T, 256>(params, p, stream);
+  }
+}
+
+at::Tensor run(const Problem& p) {
+  const c10::cuda::CUDAGuard guard(p.q.device());
+  EAGLE3_CHECK(p.op, p.head_dim <= kMaxHeadDim, "head_dim ", p.head_dim,
+               " is not supported on CUDA (at most ", kMaxHeadDim, ")");
+  // The value checks copy cache_lens, the mask diagonal and the block table to the host: one
+  // small synchronization, skipped while a CUDA graph is captured (a capture cannot sync).
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+    check_values(p, p.cache_lens.to(at::kCPU), p.tree_mask.diagonal(0, 1, 2).to(at::kCPU),
+                 p.paged() ? p.block_table.to(at::kCPU) : at::Tensor());
+  }
+  at::Tensor out = empty_output(p);
+  if (out.numel() == 0) return out;
+  const at::Tensor lens = p.cache_lens.to(at::kInt).contiguous();
+  const at::Tensor table = p.paged() ? p.block_table.contiguous() : at::Tensor();
+  EAGLE3_DISPATCH_FLOAT_TYPES(out.scalar_type(), "tree_attention", [&] {
+    run_typed<scalar_t>(p, lens, table, out);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(eagle3, CUDA, m) {
+  m.impl("tree_attention", &contiguous_entry<run>);
+  m.impl("tree_attention_paged", &paged_entry<run>);
+}
+
+}  // namespace eagle3::tree_attention

@@ -1,0 +1,331 @@
+import pytest
+import torch
+
+from conftest import DEVICES, DTYPES, TOLERANCES
+from eagle3_ext import reference, tree_attention, tree_attention_paged
+
+
+def random_tree_mask(n, generator, kind="tree", padding=0):
+    """bool [n, n]: ancestors and self of a random tree (parent of i drawn from 0..i-1), a chain,
+    or either with the last `padding` rows turned into padding (only the diagonal set)."""
+    parent = [-1] * n
+    for i in range(1, n):
+        parent[i] = i - 1 if kind == "chain" else int(torch.randint(0, i, (1,), generator=generator))
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parent[j]
+    for i in range(n - padding, n):
+        mask[i] = False
+        mask[i, i] = True
+    return mask
+
+
+def make_case(lens, n, hq, hkv, d, dtype, device, kind="tree", padding=0, s_max=None, seed=0,
+              lens_dtype=torch.int32):
+    """q [B, N, Hq, D], k/v [B, S_max, Hkv, D] (random, including the unused tail), cache_lens, mask."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(lens)
+    s_max = s_max or max(lens) + n + 3
+    q = torch.randn(b, n, hq, d, generator=g).to(dtype=dtype, device=device)
+    k = torch.randn(b, s_max, hkv, d, generator=g).to(dtype=dtype, device=device)
+    v = torch.randn(b, s_max, hkv, d, generator=g).to(dtype=dtype, device=device)
+    mask = torch.stack([random_tree_mask(n, g, kind, padding) for _ in range(b)]).to(device)
+    cache_lens = torch.tensor(lens, dtype=lens_dtype, device=device)
+    return q, k, v, cache_lens, mask
+
+
+def to_pages(cache, page_size, seed=0, spare_pages=3):
+    """A contiguous cache [B, S, Hkv, D] as shuffled pages [P, page, Hkv, D] + block_table [B, S/page]."""
+    g = torch.Generator().manual_seed(seed)
+    b, s, hkv, d = cache.shape
+    blocks = -(-s // page_size)
+    padded = torch.zeros(b, blocks * page_size, hkv, d, dtype=cache.dtype, device=cache.device)
+    padded[:, :s] = cache
+    total = b * blocks + spare_pages
+    perm = torch.randperm(total, generator=g)
+    pages = torch.randn(total, page_size, hkv, d, generator=g).to(dtype=cache.dtype, device=cache.device)
+    table = perm[: b * blocks].view(b, blocks)
+    pages[table.flatten().to(cache.device)] = padded.view(b * blocks, page_size, hkv, d)
+    return pages, table.to(dtype=torch.int32, device=cache.device)
+
+
+def check(q, k, v, lens, mask, scale=None):
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    out = tree_attention(q, k, v, lens, mask, scale)
+    expected = reference.tree_attention(q, k, v, lens, mask, scale)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[q.dtype])
+    return out
+
+
+CASES = {
+    # name: (prefix lens per request, N, Hq, Hkv, D, tree kind, padding rows)
+    "tree": ([5, 37], 7, 8, 2, 64, "tree", 0),
+    "chain": ([40, 3], 6, 4, 4, 64, "chain", 0),
+    "decode-N1": ([33, 0, 70], 1, 8, 2, 128, "tree", 0),
+    "empty-prefix": ([0, 0], 9, 4, 1, 64, "tree", 0),
+    "gqa1": ([50], 12, 4, 4, 128, "tree", 0),
+    "gqa4": ([65, 31], 16, 8, 2, 128, "tree", 0),
+    "gqa8": ([64, 1], 33, 8, 1, 128, "tree", 0),
+    "d256": ([47], 5, 4, 2, 256, "tree", 0),
+    "d40-general": ([29, 70], 6, 6, 3, 40, "tree", 0),
+    "padding-rows": ([20, 45], 10, 4, 2, 64, "tree", 4),
+    "wide-tree": ([100], 70, 2, 1, 64, "tree", 0),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_matches_reference(device, dtype, case):
+    lens, n, hq, hkv, d, kind, padding = CASES[case]
+    check(*make_case(lens, n, hq, hkv, d, dtype, device, kind, padding))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["tree", "d40-general", "padding-rows"])
+def test_portable_cpu_build_matches_reference(monkeypatch, dtype, case):
+    # The kernel is compiled twice (AVX-512 and portable); EAGLE3_CPU_ISA=generic selects the
+    # portable build, which machines without AVX-512 run.
+    monkeypatch.setenv("EAGLE3_CPU_ISA", "generic")
+    lens, n, hq, hkv, d, kind, padding = CASES[case]
+    check(*make_case(lens, n, hq, hkv, d, dtype, "cpu", kind, padding))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_prefix_4096(device, dtype):
+    q, k, v, lens, mask = make_case([4096, 1500], 8, 8, 2, 128, dtype, device, s_max=4110)
+    check(q, k, v, lens, mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int64_cache_lens_and_scale(device):
+    q, k, v, lens, mask = make_case([7, 19], 5, 4, 2, 64, torch.float32, device, lens_dtype=torch.int64)
+    check(q, k, v, lens, mask, scale=0.3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hf_layout_strided_views(device, dtype):
+    # Hugging Face keeps K/V as [B, Hkv, S, D] and q as [B, Hq, N, D]: the op reads the
+    # transposed views in place.
+    g = torch.Generator().manual_seed(3)
+    b, n, hq, hkv, d, s = 2, 6, 8, 2, 64, 50
+    k_hf = torch.randn(b, hkv, s, d, generator=g).to(dtype=dtype, device=device)
+    v_hf = torch.randn(b, hkv, s, d, generator=g).to(dtype=dtype, device=device)
+    q_hf = torch.randn(b, hq, n, d, generator=g).to(dtype=dtype, device=device)
+    k, v, q = k_hf.transpose(1, 2), v_hf.transpose(1, 2), q_hf.transpose(1, 2)
+    assert not k.is_contiguous() and not q.is_contiguous()
+    lens = torch.tensor([11, 44], dtype=torch.int32, device=device)
+    mask = torch.stack([random_tree_mask(n, g) for _ in range(b)]).to(device)
+    mask = mask.transpose(1, 2).contiguous().transpose(1, 2)  # a strided mask too
+    check(q, k, v, lens, mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [1, 16, 64], ids=lambda p: f"page{p}")
+def test_paged_matches_contiguous(device, dtype, page_size):
+    q, k, v, lens, mask = make_case([70, 5, 130], 9, 8, 2, 64, dtype, device)
+    k_pages, table = to_pages(k, page_size, seed=page_size)
+    v_pages, table_v = to_pages(v, page_size, seed=page_size)
+    assert torch.equal(table, table_v)
+    scale = 64 ** -0.5
+    out = tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale)
+    expected = reference.tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale)
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[dtype])
+    torch.testing.assert_close(out.float(), reference.tree_attention(q, k, v, lens, mask, scale).float(),
+                               **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_hf_layout_pages_and_short_table(device):
+    # Pages stored [P, Hkv, page, D] and viewed as [P, page, Hkv, D]; the table only covers what
+    # each request needs and its unused entries hold -1.
+    q, k, v, lens, mask = make_case([20, 3], 4, 4, 2, 64, torch.bfloat16, device, s_max=24)
+    k_pages, table = to_pages(k, 8, seed=1)
+    v_pages, _ = to_pages(v, 8, seed=1)
+    k_pages = k_pages.transpose(1, 2).contiguous().transpose(1, 2)
+    v_pages = v_pages.transpose(1, 2).contiguous().transpose(1, 2)
+    table = table.clone()
+    table[1, 1:] = -1  # request 1 needs ceil((3 + 4) / 8) = 1 block
+    scale = 0.125
+    out = tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale)
+    expected = reference.tree_attention(q, k, v, lens, mask, scale)
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch_and_tree(device):
+    q, k, v, lens, mask = make_case([3], 0, 4, 2, 64, torch.float32, device)
+    assert tree_attention(q, k, v, lens, mask, 0.1).shape == (1, 0, 4, 64)
+    q, k, v, lens, mask = make_case([3], 2, 4, 2, 64, torch.float32, device)
+    out = tree_attention(q[:0], k[:0], v[:0], lens[:0], mask[:0], 0.1)
+    assert out.shape == (0, 2, 4, 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_opcheck(device, dtype):
+    q, k, v, lens, mask = make_case([5, 12], 4, 4, 2, 64, dtype, device)
+    torch.library.opcheck(torch.ops.eagle3.tree_attention.default, (q, k, v, lens, mask, 0.125))
+    k_pages, table = to_pages(k, 4)
+    v_pages, _ = to_pages(v, 4)
+    torch.library.opcheck(torch.ops.eagle3.tree_attention_paged.default,
+                          (q, k_pages, v_pages, table, lens, mask, 0.125))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    q, k, v, lens, mask = make_case([5, 12], 4, 4, 2, 64, torch.float32, device)
+
+    def f(q, k, v, lens, mask):
+        return tree_attention(q * 2, k, v, lens, mask, 0.125).sum(-1)
+
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, lens, mask), f(q, k, v, lens, mask))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_cuda_graph_capture_and_replay(paged):
+    # Under capture the value checks (which sync) are skipped; replays see new inputs in place.
+    q, k, v, lens, mask = make_case([300, 2000], 8, 8, 2, 128, torch.bfloat16, "cuda", s_max=2048)
+    k_pages, table = to_pages(k, 16)
+    v_pages, _ = to_pages(v, 16)
+
+    def call():
+        if paged:
+            return tree_attention_paged(q, k_pages, v_pages, table, lens, mask, 0.088)
+        return tree_attention(q, k, v, lens, mask, 0.088)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    q.copy_(torch.randn_like(q))
+    lens.copy_(torch.tensor([1000, 17], dtype=lens.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = reference.tree_attention(q, k, v, lens, mask, 0.088)
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[torch.bfloat16])
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def _args():
+    return list(make_case([5, 9], 4, 8, 2, 64, torch.float32, "cpu", s_max=16)) + [0.125]
+
+
+def _set(args, i, value):
+    args = list(args)
+    args[i] = value
+    return args
+
+
+def _set_kv(args, cache):
+    return _set(_set(args, 1, cache), 2, cache.clone())
+
+
+def _no_diagonal(args):
+    mask = args[4].clone()
+    mask[1, 2, 2] = False
+    return _set(args, 4, mask)
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (_no_diagonal, r"tree_attention: tree_mask\[1, 2, 2\] is False: every tree token must see itself"),
+        (lambda a: _set_kv(a, torch.randn(2, 16, 3, 64)),
+         r"q has 8 heads, which is not a multiple of the 3 kv heads of k_cache"),
+        (lambda a: _set(a, 3, torch.tensor([5, 13], dtype=torch.int32)),
+         r"cache_lens\[1\] = 13 plus the 4 tree tokens needs 17 cache positions but k_cache holds S_max = 16"),
+        (lambda a: _set(a, 3, torch.tensor([-1, 0], dtype=torch.int32)), r"cache_lens\[0\] = -1 is negative"),
+        (lambda a: _set(a, 4, a[4].to(torch.uint8)), r"tree_mask must be bool, got Byte"),
+        (lambda a: _set(a, 4, a[4].float()), r"tree_mask must be bool, got Float"),
+        (lambda a: _set(a, 1, a[1].half()), r"k_cache has dtype Half but q has Float"),
+        (lambda a: _set(a, 2, a[2].bfloat16()), r"v_cache has dtype BFloat16 but q has Float"),
+        (lambda a: [x.double() if i < 3 else x for i, x in enumerate(a)],
+         r"q must be float32, float16 or bfloat16, got Double"),
+        (lambda a: _set(a, 0, a[0][0]), r"q must have 4 dimensions \[B, N, Hq, D\], got shape \[4, 8, 64\]"),
+        (lambda a: _set(a, 1, a[1][0]), r"k_cache must have 4 dimensions \[B, S_max, Hkv, D\]"),
+        (lambda a: _set(a, 2, a[2][:, :8]), r"k_cache has shape \[2, 16, 2, 64\] but v_cache has \[2, 8, 2, 64\]"),
+        (lambda a: _set(a, 1, a[1][..., :32]), r"k_cache has head_dim 32 but q has 64"),
+        (lambda a: _set_kv(a, torch.randn(2, 16, 2, 128)[..., ::2]), r"k_cache must have unit stride along head_dim"),
+        (lambda a: _set(a, 3, a[3][:1]), r"cache_lens must have shape \[2\]"),
+        (lambda a: _set(a, 3, a[3].float()), r"cache_lens must be int32 or int64, got Float"),
+        (lambda a: _set(a, 4, a[4][:, :3]), r"tree_mask must have shape \[2, 4, 4\] \(\[B, N, N\] from q\), got \[2, 3, 4\]"),
+        (lambda a: _set_kv(a, a[1][:1]),
+         r"k_cache holds 1 requests but q has B = 2"),
+    ],
+    ids=[
+        "mask-without-diagonal", "hq-not-multiple-of-hkv", "cache-too-small", "negative-len",
+        "uint8-mask", "float-mask", "k-dtype", "v-dtype", "double-dtype", "q-rank", "k-rank",
+        "kv-shape-mismatch", "head-dim-mismatch", "k-not-unit-stride", "lens-shape", "lens-dtype",
+        "mask-shape", "cache-batch",
+    ],
+)
+def test_bad_inputs_raise_clear_errors(mutate, pattern):
+    args = mutate(_args())
+    with pytest.raises(RuntimeError, match=pattern):
+        tree_attention(*args)
+
+
+def _paged_args(page_size=4, blocks=None):
+    q, k, v, lens, mask, scale = _args()
+    k_pages, table = to_pages(k, page_size)
+    v_pages, _ = to_pages(v, page_size)
+    if blocks is not None:
+        table = table[:, :blocks]
+    return [q, k_pages, v_pages, table, lens, mask, scale]
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (lambda: _paged_args(blocks=3),
+         r"tree_attention_paged: block_table is too short: request 1 needs 13 cache positions "
+         r"\(cache_lens\[1\] = 9 plus 4 tree tokens\) but block_table has 3 blocks of 4 = 12 positions"),
+        (lambda: _set(_paged_args(), 3, _paged_args()[3].long()), r"block_table must be int32, got Long"),
+        (lambda: _set(_paged_args(), 3, _paged_args()[3][0]), r"block_table must have shape \[2, max_blocks\]"),
+        (lambda: _set(_paged_args(), 3, torch.full((2, 4), 99, dtype=torch.int32)),
+         r"block_table\[0, 0\] = 99 is not a page of k_pages \(P = 11\)"),
+        (lambda: _set(_paged_args(), 1, _paged_args()[1].half()), r"k_pages has dtype Half but q has Float"),
+        (lambda: _no_diagonal_paged(), r"tree_attention_paged: tree_mask\[1, 2, 2\] is False"),
+    ],
+    ids=["table-too-short", "table-dtype", "table-rank", "table-entry-out-of-range", "pages-dtype",
+         "mask-without-diagonal"],
+)
+def test_paged_bad_inputs_raise_clear_errors(args, pattern):
+    with pytest.raises(RuntimeError, match=pattern):
+        tree_attention_paged(*args())
+
+
+def _no_diagonal_paged():
+    args = _paged_args()
+    mask = args[5].clone()
+    mask[1, 2, 2] = False
+    return _set(args, 5, mask)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_error_device_mismatch():
+    q, k, v, lens, mask, scale = _args()
+    with pytest.raises(RuntimeError, match=r"k_cache is on cuda:0 but q is on cpu"):
+        tree_attention(q, k.cuda(), v, lens, mask, scale)
+    with pytest.raises(RuntimeError, match=r"tree_mask is on cuda:0 but q is on cpu"):
+        tree_attention(q, k, v, lens, mask.cuda(), scale)
+    with pytest.raises(RuntimeError, match=r"cache_lens is on cpu but q is on cuda:0"):
+        tree_attention(q.cuda(), k.cuda(), v.cuda(), lens, mask.cuda(), scale)
