@@ -42,7 +42,8 @@ def make_target(path: str, arch: str = "llama", layers: int = 6, hidden: int = 6
     import transformers
 
     tokenizer = make_tokenizer(text or corpus())
-    vocab = len(tokenizer)
+    # Room past the tokenizer, as real checkpoints have (some tokenizer classes add tokens).
+    vocab = len(tokenizer) + 16
     common = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512,
                   pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)

@@ -41,24 +41,23 @@ class RMSNorm(nn.Module):
 def tree_attention_with_cache(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                               prefix_lens: torch.Tensor, tree_mask: torch.Tensor,
                               scale: float) -> torch.Tensor:
-    """Attention of q [B, n, Hq, D] over each request's committed prefix and its tree tokens.
+    """Attention of q [B, n, Hq, D] over each request's committed prefix and its tree tokens,
+    through eagle3.tree_attention.
 
     keys/values [B, S, Hkv, D] hold the committed prefix of request b at [0, prefix_lens[b])
-    and the tree tokens right after it; tree_mask [B, n, t] (t >= n tree tokens, the queries
-    being the last n of them) says which tree tokens each query sees.
+    and the t tree tokens right after it; tree_mask [B, n, t] (t >= n, the queries being the
+    last n tree tokens) says which tree tokens each query sees. Earlier tree tokens enter the
+    op as padding rows (diagonal only) whose outputs are dropped.
     """
-    batch, n, _, _ = q.shape
-    tree_total = tree_mask.shape[-1]
-    used = int(prefix_lens.max()) + tree_total
-    pos = torch.arange(used, device=q.device)
-    rel = pos[None, :] - prefix_lens[:, None]                                  # [B, used]
-    in_tree = (rel >= 0) & (rel < tree_total)
-    tree_cols = torch.gather(tree_mask, 2, rel.clamp(0, tree_total - 1)[:, None, :].expand(batch, n, used))
-    visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & tree_cols)       # [B, n, used]
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), keys[:, :used].transpose(1, 2), values[:, :used].transpose(1, 2),
-        attn_mask=visible[:, None], scale=scale, enable_gqa=True)
-    return out.transpose(1, 2)
+    b, n, heads, dim = q.shape
+    total = tree_mask.shape[-1]
+    if n < total:
+        old = total - n
+        q = torch.cat([q.new_zeros(b, old, heads, dim), q], dim=1)
+        padding_rows = torch.eye(old, total, dtype=torch.bool, device=q.device).expand(b, old, total)
+        tree_mask = torch.cat([padding_rows, tree_mask], dim=1)
+    out = ops.tree_attention(q, keys, values, prefix_lens, tree_mask.contiguous(), scale)
+    return out[:, total - n:]
 
 
 class DraftAttention(nn.Module):

@@ -10,7 +10,7 @@ being the last emitted token, not yet seen by the target):
 2. Each further step feeds the current frontier (top-k nodes by cumulative probability, with
    the draft's hidden state of their parent) back into the draft, each node seeing its
    ancestors through a tree mask; ``expand_frontier`` records the candidates.
-3. ``build_draft_tree`` keeps the best ``num_draft_tokens - 1`` candidates.
+3. ``build_tree`` keeps the best ``num_draft_tokens - 1`` candidates.
 """
 
 from __future__ import annotations
@@ -57,17 +57,16 @@ def extend(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs):
     return out.logits[rows, last], out.hidden[rows, last]
 
 
-def draft_tree(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,
-               root_hidden: torch.Tensor, roots: torch.Tensor, seq_lens: torch.Tensor,
-               tree: TreeConfig) -> DraftTree:
-    """Runs depth - 1 tree steps after ``extend`` and builds the verification tree.
+def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,
+                root_hidden: torch.Tensor, seq_lens: torch.Tensor, tree: TreeConfig) -> List[DraftStep]:
+    """Runs depth - 1 tree steps after ``extend``; returns every step's candidates.
 
-    roots [B]: the root tokens; seq_lens [B]: committed lengths (the root's position).
-    The tree tokens stay uncommitted in ``cache``; the caller rolls them back after verifying.
+    seq_lens [B]: committed lengths (the root's position). The tree tokens stay uncommitted in
+    ``cache``; the caller rolls them back after verifying.
     """
-    b = roots.shape[0]
+    b = root_logits.shape[0]
     k = tree.topk
-    device = roots.device
+    device = root_logits.device
     probs, tokens = _topk(draft, root_logits, k)                       # [B, k]
     frontier_tokens, scores, _, step = expand_frontier(0, probs, tokens, None)
     steps: List[DraftStep] = [step]
@@ -85,4 +84,9 @@ def draft_tree(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.
         gather = source[..., None]
         parent_hidden = torch.gather(out.hidden, 1, gather.expand(b, k, out.hidden.shape[-1]))
         ancestors = torch.gather(mask, 1, gather.expand(b, k, tree_len + k))
+    return steps
+
+
+def build_tree(roots: torch.Tensor, seq_lens: torch.Tensor, steps: List[DraftStep], tree: TreeConfig) -> DraftTree:
+    """Keeps the best num_draft_tokens - 1 candidates under the roots [B] (eagle3 op)."""
     return build_draft_tree(roots, seq_lens, steps, tree.num_draft_tokens, tree_mask_mode=1)

@@ -20,7 +20,7 @@ from ..draft import Eagle3DraftModel
 from ..tree import verify_greedy, verify_sampling
 from .capture import AuxHiddenCapture
 from .config import SamplingConfig, TreeConfig, filtered_probs
-from .drafting import DraftInputs, draft_tree, extend
+from .drafting import DraftInputs, build_tree, draft_steps, extend
 from .stats import GenerationStats
 from .target import TargetRunner
 
@@ -182,16 +182,20 @@ class SpeculativeGenerator:
                 roots = roots.index_select(0, rows_kept)
                 active = [active[row] for row in keep]
             nb = len(active)
-            t_draft = time.perf_counter()
+            t0 = time.perf_counter()
             root_logits, root_hidden = extend(self.draft, dcache, inputs)
-            tree = draft_tree(self.draft, dcache, root_logits, root_hidden, roots, runner.seq_lens, self.tree)
+            steps = draft_steps(self.draft, dcache, root_logits, root_hidden, runner.seq_lens, self.tree)
             dcache.rollback()
-            t_verify = time.perf_counter()
+            t1 = time.perf_counter()
+            tree = build_tree(roots, runner.seq_lens, steps, self.tree)
+            t2 = time.perf_counter()
             vout = runner.verify(tree)
+            t3 = time.perf_counter()
             if sampling.greedy:
                 result = verify_greedy(tree, vout.logits.argmax(-1))
             else:
                 result = verify_sampling(tree, filtered_probs(vout.logits, sampling), generator=gen)
+            t4 = time.perf_counter()
             n = tree.num_draft_tokens
             rows = torch.arange(nb, device=device)[:, None]
             accept_local = torch.where(result.accept_index >= 0, result.accept_index - rows * n, -1).long()
@@ -199,8 +203,10 @@ class SpeculativeGenerator:
             runner.commit(accept_local, counts)
             stats.target_forwards += 1
             stats.rounds += 1
-            stats.draft_time_s += t_verify - t_draft
-            stats.verify_time_s += time.perf_counter() - t_verify
+            stats.draft_time_s += t1 - t0
+            stats.tree_build_time_s += t2 - t1
+            stats.verify_time_s += t3 - t2
+            stats.accept_time_s += t4 - t3
 
             m = int(counts.max())
             picked = accept_local[:, :m].clamp(min=0)
@@ -221,6 +227,7 @@ class SpeculativeGenerator:
             positions = (runner.seq_lens - counts)[:, None] + torch.arange(m, device=device)
             inputs = DraftInputs(self.draft.project_aux(node_features), tokens, positions, counts)
             roots = tokens[torch.arange(nb, device=device), counts - 1]
+            stats.compact_time_s += time.perf_counter() - t4
         if streamer is not None:
             streamer.end()
         stats.total_time_s = time.perf_counter() - started

@@ -19,8 +19,11 @@ class GenerationStats:
     request_rounds: int = 0
     accepted_drafts: int = 0
     depth_accepted: List[int] = field(default_factory=list)
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
+    draft_time_s: float = 0.0         # draft forwards (extend + tree steps)
+    tree_build_time_s: float = 0.0    # choosing the nodes and building the tree
+    verify_time_s: float = 0.0        # the target's verify forward
+    accept_time_s: float = 0.0        # greedy / sampling verification
+    compact_time_s: float = 0.0       # KV compaction and next-round inputs
     total_time_s: float = 0.0
 
     @property
@@ -32,11 +35,17 @@ class GenerationStats:
         return [n / max(1, self.request_rounds) for n in self.depth_accepted]
 
     @property
+    def other_time_s(self) -> float:
+        """Prefill, bookkeeping and Python overhead: the rest of the wall time."""
+        return self.total_time_s - (self.draft_time_s + self.tree_build_time_s + self.verify_time_s
+                                    + self.accept_time_s + self.compact_time_s)
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
     def as_dict(self) -> Dict[str, Any]:
         d = asdict(self)
         d.update(acceptance_length=self.acceptance_length, depth_acceptance=self.depth_acceptance,
-                 tokens_per_s=self.tokens_per_s)
+                 tokens_per_s=self.tokens_per_s, other_time_s=self.other_time_s)
         return d
