@@ -21,7 +21,7 @@ import eagle3_ext
 from eagle3_ext import reference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import compare, device_roofline, finish_report, rotating  # noqa: E402
+from timing import compare, device_roofline, finish_report, rotating, speed_figures  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_HIDDEN = {"cpu": [1024, 4096], "cuda": [4096, 7168]}
@@ -64,13 +64,8 @@ def bench_shape(rows: int, hidden: int, dtype: torch.dtype, device: str, budget_
     base, op = t["cat_linear"], t["fused_aux_fc"]
     flops = 2 * rows * hidden * K * hidden
     moved = w_bytes + K * rows * hidden * elem + rows * hidden * elem
-    return {
-        "rows": rows, "hidden": hidden, "k": K, "dtype": str(dtype).replace("torch.", ""),
-        "baseline": base.as_dict(), "op": op.as_dict(),
-        "speedup": base.median_s / op.median_s,
-        "op_GBps": moved / op.median_s / 1e9, "op_TFLOPs": flops / op.median_s / 1e12,
-        "baseline_GBps": moved / base.median_s / 1e9,
-    }
+    return {"rows": rows, "hidden": hidden, "k": K, "dtype": str(dtype).replace("torch.", ""),
+            **speed_figures(base, op, moved, flops)}
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ import eagle3_ext
 from eagle3_ext import reference
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import compare, device_roofline, finish_report  # noqa: E402
+from timing import compare, device_roofline, finish_report, speed_figures  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HQ, HKV, D = 32, 8, 128
@@ -88,9 +88,7 @@ def bench_shape(batch, prefix, n, dtype, device, budget_s, page_size):
     return {
         "batch": batch, "prefix": prefix, "tree": n, "q_heads": HQ, "kv_heads": HKV, "head_dim": D,
         "dtype": str(dtype).replace("torch.", ""), "page_size": page_size,
-        "baseline": base.as_dict(), "op": op.as_dict(), "speedup": base.median_s / op.median_s,
-        "op_GBps": moved / op.median_s / 1e9, "op_TFLOPs": flops / op.median_s / 1e12,
-        "baseline_GBps": moved / base.median_s / 1e9,
+        **speed_figures(base, op, moved, flops),
     }
 
 

@@ -60,6 +60,14 @@ def compare(fns: Dict[str, Callable[[], object]], device: str, budget_s: float =
     return {name: Timing(statistics.median(s), min(s), max(s), len(s)) for name, s in samples.items()}
 
 
+def speed_figures(base: Timing, op: Timing, moved_bytes: float, flops: float) -> Dict[str, object]:
+    """The figures every op benchmark reports for one shape: both timings, the speedup of the
+    op over the baseline, and the op's (and baseline's) achieved bandwidth and FLOP rate."""
+    return {"baseline": base.as_dict(), "op": op.as_dict(), "speedup": base.median_s / op.median_s,
+            "op_GBps": moved_bytes / op.median_s / 1e9, "op_TFLOPs": flops / op.median_s / 1e12,
+            "baseline_GBps": moved_bytes / base.median_s / 1e9}
+
+
 def device_roofline(device: str) -> Dict[str, float]:
     """Measured copy bandwidth (GB/s, bytes read + written) and bf16 matmul rate (TFLOP/s)."""
     if device != "cuda":

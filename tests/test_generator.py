@@ -17,6 +17,9 @@ TREES = [TreeConfig.chain(3), TreeConfig(depth=3, topk=2, num_draft_tokens=6),
          TreeConfig(depth=5, topk=4, num_draft_tokens=16)]
 
 
+TRAINED_DIRS = {}  # architecture -> directory with target/ and draft/
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
 def trained(request, tmp_path_factory):
     """A tiny target of each architecture with a draft trained on it (acceptance > 1)."""
@@ -27,6 +30,7 @@ def trained(request, tmp_path_factory):
                       epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
                       progress=False, max_steps=40, export_specforge=False))
     draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
+    TRAINED_DIRS[request.param] = d
     return request.param, target, tok, draft
 
 
@@ -103,6 +107,31 @@ def test_stats(trained):
     assert s.depth_acceptance == sorted(s.depth_acceptance, reverse=True)
     assert s.tokens_per_s > 0 and s.draft_time_s > 0 and s.verify_time_s > 0
     assert out.text is not None and len(out.text) == len(PROMPTS)
+
+
+def test_cli_generate_json_with_baseline(trained, capsys):
+    import json
+
+    from eagle3_ext.cli import main
+
+    arch = trained[0]
+    d = TRAINED_DIRS[arch]
+    rc = main(["generate", "--target", str(d / "target"), "--draft", str(d / "draft"), "--prompt", PROMPTS[0],
+               "--max-new-tokens", "12", "--depth", "3", "--topk", "2", "--num-draft-tokens", "6", "--baseline",
+               "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["identical"] is True
+    for key in ("text", "new_tokens", "target_forwards", "acceptance_length", "tokens_per_s",
+                "baseline_tokens_per_s", "speedup"):
+        assert key in report
+    assert report["new_tokens"] == len(report["tokens"]) <= 12
+
+
+def test_cli_generate_errors(capsys):
+    from eagle3_ext.cli import main
+
+    assert main(["generate", "--target", "x"]) == 2
+    assert "give both --target and --draft" in capsys.readouterr().err
 
 
 # --- sampling is lossless ----------------------------------------------------------------------
