@@ -7,17 +7,23 @@
 // (the N tree tokens x G = Hq / Hkv q heads that share the kv head, row r = token r / G, head
 // h * G + r % G). The task walks the keys in blocks of kKeys positions: the prefix
 // [0, cache_lens[b]) with no mask test (only the last, partial block masks its tail), then the
-// N tree positions with tree_mask applied. Per block:
-//   1. K rows are converted to fp32 and stored transposed (kt[D][kKeys]), V rows as vt[kKeys][D];
-//      each K / V element is read once per task and reused by every packed row.
-//   2. Scores s[rows][kKeys] = q . K^T in register tiles of 4 rows x 32 keys (8 accumulators,
-//      one broadcast q element and two key vectors per step).
-//   3. Online softmax per row in the log2 domain (q is pre-scaled by scale * log2(e)): running
-//      max m and sum l in fp32, the accumulator row rescaled only when the max moves.
-//   4. acc[rows][D] += p . V in register tiles of 4 rows x 64 columns (16 accumulators).
+// N tree positions with tree_mask applied. The queries are stored transposed once per task,
+// qt[D][rows] (scaled by scale * log2(e)), so that scores come out as vectors over 16 rows:
+//   1. K and V rows are converted to fp32 (kf[kKeys][D], vt[kKeys][D]); each K / V element is
+//      read once per task and reused by every packed row.
+//   2. Scores st[kKeys][rows] = K . q^T in register tiles of 8 keys x 16 rows (8 accumulators,
+//      one q vector and eight broadcast key elements per step of D).
+//   3. Online softmax in the log2 domain, vectorized over 16 rows (column maxima, no
+//      horizontal reductions): running max m and sum l in fp32, an accumulator row rescaled
+//      only when its max moves; exp2 by a degree-6 polynomial.
+//   4. acc[rows][D] += P . V in register tiles of 4 rows x 64 columns (16 accumulators).
+// bfloat16 on an AVX512-BF16 CPU (the AVX-512 build, D a multiple of 16) instead multiplies
+// bf16 pairs with vdpbf16ps (exact products, fp32 sums): q . K on unscaled bf16 queries against
+// the K rows read in place, and P . V on probabilities rounded to bf16 against V rows
+// interleaved in key pairs.
 // Nothing of size [N, S] exists: the scratch is O(rows x D + kKeys x D).
-// The vector code is written with GCC/Clang vector extensions (16 x fp32), which the compiler
-// lowers to AVX-512 in one build and to SSE2 in the other.
+// The portable code is written with GCC/Clang vector extensions (16 x fp32), which the
+// compiler lowers to AVX-512 in one build and to SSE2 in the other.
 #include <cstdint>
 #include <cstring>
 #ifdef EAGLE3_TREE_AVX512BF16
