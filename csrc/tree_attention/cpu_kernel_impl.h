@@ -289,8 +289,8 @@ __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, 
 }
 
 template <DType kType>
-void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-               float* scratch) {
+void run_typed(const Params& p, const Task& t, float* scratch) {
+  const int64_t b = t.b, h = t.h, row_begin = t.row_begin, row_end = t.row_end;
   const int64_t D = p.head_dim;
   const int64_t Dp = round_up(D, kColTile);
   const int64_t rows = row_end - row_begin;
@@ -473,8 +473,27 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     }
   };
 
-  for (int64_t s0 = 0; s0 < prefix; s0 += kKeys) block(s0, min64(kKeys, prefix - s0), -1);
-  for (int64_t j0 = 0; j0 < p.tree; j0 += kKeys) block(prefix + j0, min64(kKeys, p.tree - j0), j0);
+  // This task's positions [lo, hi): prefix blocks, then tree blocks.
+  const int64_t lo = t.kv_begin;
+  const int64_t hi = min64(t.kv_end, prefix + p.tree);
+  const int64_t prefix_end = min64(hi, prefix);
+  for (int64_t s0 = lo; s0 < prefix_end; s0 += kKeys) block(s0, min64(kKeys, prefix_end - s0), -1);
+  for (int64_t s0 = lo > prefix ? lo : prefix; s0 < hi; s0 += kKeys) {
+    block(s0, min64(kKeys, hi - s0), s0 - prefix);
+  }
+
+  if (t.split >= 0) {  // a KV split: normalized fp32 rows and their log2-sum-exp
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = (row_begin + r) / G;
+      const int64_t head = h * G + (row_begin + r) % G;
+      const int64_t idx = ((t.split * p.batch + b) * p.tree + token) * p.q_heads + head;
+      const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+      float* o = p.part_out + idx * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[r * Dp + d] * inv;
+      p.part_lse[idx] = l[r] > 0.f ? m[r] + __builtin_log2f(l[r]) : kNegInf;
+    }
+    return;
+  }
 
   char* obase = static_cast<char*>(p.out);
   for (int64_t r = 0; r < rows; ++r) {
@@ -487,17 +506,16 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
 
 }  // namespace
 
-void run_task(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-              float* scratch) {
+void run_task(const Params& p, const Task& t, float* scratch) {
   switch (p.dtype) {
     case DType::kFloat:
-      run_typed<DType::kFloat>(p, b, h, row_begin, row_end, scratch);
+      run_typed<DType::kFloat>(p, t, scratch);
       break;
     case DType::kHalf:
-      run_typed<DType::kHalf>(p, b, h, row_begin, row_end, scratch);
+      run_typed<DType::kHalf>(p, t, scratch);
       break;
     case DType::kBFloat16:
-      run_typed<DType::kBFloat16>(p, b, h, row_begin, row_end, scratch);
+      run_typed<DType::kBFloat16>(p, t, scratch);
       break;
   }
 }
