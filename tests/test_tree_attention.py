@@ -102,6 +102,28 @@ def test_long_prefix_4096(device, dtype):
     check(q, k, v, lens, mask)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_cpu_kv_splits_for_few_tasks(dtype, paged):
+    # One request, one kv head, decode-sized N: fewer tasks than threads, so the CPU entry splits
+    # the cache positions and merges the partial results (request 1's short prefix leaves its
+    # later splits empty).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        q, k, v, lens, mask = make_case([3000, 40], 2, 4, 1, 64, dtype, "cpu", s_max=3010)
+        if paged:
+            k_pages, table = to_pages(k, 16)
+            v_pages, _ = to_pages(v, 16)
+            out = tree_attention_paged(q, k_pages, v_pages, table, lens, mask, 0.125)
+        else:
+            out = tree_attention(q, k, v, lens, mask, 0.125)
+        expected = reference.tree_attention(q, k, v, lens, mask, 0.125)
+        torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[dtype])
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_int64_cache_lens_and_scale(device):
     q, k, v, lens, mask = make_case([7, 19], 5, 4, 2, 64, torch.float32, device, lens_dtype=torch.int64)

@@ -5,7 +5,10 @@
 // Tasks: (request b, kv head h, block of packed query rows). The N x G query rows of one
 // (b, h) (G = Hq / Hkv) share every K / V element, so a task takes as many of them as fit
 // kMaxRowsPerTask; only when B x Hkv gives fewer tasks than threads are the rows split
-// further (each split re-reads that head's K / V, from cache on a long prefix).
+// further (each split re-reads that head's K / V, from cache on a long prefix), and then the
+// cache positions (KV splits with fp32 partials merged by log-sum-exp).
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -21,6 +24,8 @@ namespace {
 
 constexpr int64_t kMaxRowsPerTask = 64;
 constexpr int64_t kMinRowsPerTask = 8;
+// A KV split shorter than this many positions costs more in partials than it gains.
+constexpr int64_t kMinSplitPositions = 512;
 constexpr int64_t kScratchAlign = 16;  // floats (64 bytes)
 
 // The AVX-512 build when the CPU has AVX-512F, unless EAGLE3_CPU_ISA=generic asks for the
@@ -102,7 +107,28 @@ at::Tensor run(const Problem& p) {
     rows_per_task = (rows_per_task + 1) / 2;
   }
   const int64_t row_blocks = blocks_of(rows_per_task);
-  const int64_t tasks = p.batch * p.kv_heads * row_blocks;
+  const int64_t head_tasks = p.batch * p.kv_heads * row_blocks;
+
+  // Still fewer tasks than threads (few requests, few rows: decode, small trees): split the
+  // cache positions too, down to kMinSplitPositions each, and merge the splits afterwards.
+  const int64_t* len = prm.cache_lens;
+  const int64_t longest = *std::max_element(len, len + p.batch) + p.tree;
+  int64_t splits = 1;
+  if (head_tasks < threads) {
+    splits = std::max<int64_t>(1, std::min((threads + head_tasks - 1) / head_tasks,
+                                           longest / kMinSplitPositions));
+  }
+  const int64_t chunk = (longest + splits - 1) / splits;
+  splits = (longest + chunk - 1) / chunk;
+  at::Tensor part_out, part_lse;
+  if (splits > 1) {
+    const auto f32 = out.options().dtype(at::kFloat);
+    part_out = at::empty({splits, p.batch, p.tree, p.q_heads, p.head_dim}, f32);
+    part_lse = at::empty({splits, p.batch, p.tree, p.q_heads}, f32);
+    prm.part_out = part_out.data_ptr<float>();
+    prm.part_lse = part_lse.data_ptr<float>();
+  }
+  const int64_t tasks = head_tasks * splits;
 
   const int64_t per_thread =
       (static_cast<int64_t>(cpu::scratch_floats(p.head_dim, rows_per_task)) + kScratchAlign - 1) /
@@ -115,14 +141,25 @@ at::Tensor run(const Problem& p) {
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     float* mine = base + at::get_thread_num() * per_thread;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t block = t % row_blocks;
-      const int64_t h = (t / row_blocks) % p.kv_heads;
-      const int64_t b = t / (row_blocks * p.kv_heads);
-      const int64_t r0 = block * rows_per_task;
-      run_task(prm, b, h, r0, std::min(rows, r0 + rows_per_task), mine);
+    for (int64_t i = begin; i < end; ++i) {
+      cpu::Task t;
+      const int64_t split = i % splits;
+      const int64_t rest = i / splits;
+      t.row_begin = (rest % row_blocks) * rows_per_task;
+      t.row_end = std::min(rows, t.row_begin + rows_per_task);
+      t.h = (rest / row_blocks) % p.kv_heads;
+      t.b = rest / (row_blocks * p.kv_heads);
+      t.kv_begin = split * chunk;
+      t.kv_end = t.kv_begin + chunk;
+      t.split = splits > 1 ? split : -1;
+      run_task(prm, t, mine);
     }
   });
+  if (splits > 1) {
+    // out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max); split 0 is never empty.
+    const at::Tensor weights = at::softmax(part_lse * static_cast<float>(M_LN2), 0).unsqueeze(-1);
+    out.copy_((part_out * weights).sum(0));
+  }
   return out;
 }
 

@@ -6,9 +6,8 @@
 
 namespace eagle3::tree_attention::cpu {
 
-void run_task_avx512(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-                     float* scratch) {
-  avx512::run_task(p, b, h, row_begin, row_end, scratch);
+void run_task_avx512(const Params& p, const Task& t, float* scratch) {
+  avx512::run_task(p, t, scratch);
 }
 
 }  // namespace eagle3::tree_attention::cpu

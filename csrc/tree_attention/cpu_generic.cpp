@@ -4,9 +4,8 @@
 
 namespace eagle3::tree_attention::cpu {
 
-void run_task_generic(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-                      float* scratch) {
-  generic::run_task(p, b, h, row_begin, row_end, scratch);
+void run_task_generic(const Params& p, const Task& t, float* scratch) {
+  generic::run_task(p, t, scratch);
 }
 
 size_t scratch_floats(int64_t head_dim, int64_t rows) {

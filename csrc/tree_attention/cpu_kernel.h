@@ -47,6 +47,8 @@ struct Params {
   int64_t m_batch = 0, m_row = 0, m_col = 0;
   int64_t batch = 0, tree = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 1.f;
+  float* part_out = nullptr;  // [splits, B, N, Hq, D] fp32, for tasks of a KV split
+  float* part_lse = nullptr;  // [splits, B, N, Hq] log2-sum-exp of each split's scores
   bool bf16_dot = false;  // the CPU has AVX512-BF16 (used by the AVX-512 build for bf16 q . K)
 };
 
@@ -54,10 +56,17 @@ struct Params {
 size_t scratch_floats(int64_t head_dim, int64_t rows);
 
 // One task: request b, kv head h, packed query rows [row_begin, row_end) of the N x G rows
-// (row r is tree token r / G, q head h * G + r % G). Writes those rows of the output.
-void run_task_avx512(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-                     float* scratch);
-void run_task_generic(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-                      float* scratch);
+// (row r is tree token r / G, q head h * G + r % G) over the cache positions
+// [kv_begin, kv_end) (clipped to [0, cache_lens[b] + N)). With split < 0 the task covers all
+// positions and writes its rows of the output; otherwise it writes its rows of split `split`
+// to part_out (normalized) and part_lse, and the caller merges the splits.
+struct Task {
+  int64_t b = 0, h = 0, row_begin = 0, row_end = 0;
+  int64_t kv_begin = 0, kv_end = 0;
+  int64_t split = -1;
+};
+
+void run_task_avx512(const Params& p, const Task& t, float* scratch);
+void run_task_generic(const Params& p, const Task& t, float* scratch);
 
 }  // namespace eagle3::tree_attention::cpu

@@ -7,17 +7,23 @@
 // (the N tree tokens x G = Hq / Hkv q heads that share the kv head, row r = token r / G, head
 // h * G + r % G). The task walks the keys in blocks of kKeys positions: the prefix
 // [0, cache_lens[b]) with no mask test (only the last, partial block masks its tail), then the
-// N tree positions with tree_mask applied. Per block:
-//   1. K rows are converted to fp32 and stored transposed (kt[D][kKeys]), V rows as vt[kKeys][D];
-//      each K / V element is read once per task and reused by every packed row.
-//   2. Scores s[rows][kKeys] = q . K^T in register tiles of 4 rows x 32 keys (8 accumulators,
-//      one broadcast q element and two key vectors per step).
-//   3. Online softmax per row in the log2 domain (q is pre-scaled by scale * log2(e)): running
-//      max m and sum l in fp32, the accumulator row rescaled only when the max moves.
-//   4. acc[rows][D] += p . V in register tiles of 4 rows x 64 columns (16 accumulators).
+// N tree positions with tree_mask applied. The queries are stored transposed once per task,
+// qt[D][rows] (scaled by scale * log2(e)), so that scores come out as vectors over 16 rows:
+//   1. K and V rows are converted to fp32 (kf[kKeys][D], vt[kKeys][D]); each K / V element is
+//      read once per task and reused by every packed row.
+//   2. Scores st[kKeys][rows] = K . q^T in register tiles of 8 keys x 16 rows (8 accumulators,
+//      one q vector and eight broadcast key elements per step of D).
+//   3. Online softmax in the log2 domain, vectorized over 16 rows (column maxima, no
+//      horizontal reductions): running max m and sum l in fp32, an accumulator row rescaled
+//      only when its max moves; exp2 by a degree-6 polynomial.
+//   4. acc[rows][D] += P . V in register tiles of 4 rows x 64 columns (16 accumulators).
+// bfloat16 on an AVX512-BF16 CPU (the AVX-512 build, D a multiple of 16) instead multiplies
+// bf16 pairs with vdpbf16ps (exact products, fp32 sums): q . K on unscaled bf16 queries against
+// the K rows read in place, and P . V on probabilities rounded to bf16 against V rows
+// interleaved in key pairs.
 // Nothing of size [N, S] exists: the scratch is O(rows x D + kKeys x D).
-// The vector code is written with GCC/Clang vector extensions (16 x fp32), which the compiler
-// lowers to AVX-512 in one build and to SSE2 in the other.
+// The portable code is written with GCC/Clang vector extensions (16 x fp32), which the
+// compiler lowers to AVX-512 in one build and to SSE2 in the other.
 #include <cstdint>
 #include <cstring>
 #ifdef EAGLE3_TREE_AVX512BF16
@@ -283,8 +289,8 @@ __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, 
 }
 
 template <DType kType>
-void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-               float* scratch) {
+void run_typed(const Params& p, const Task& t, float* scratch) {
+  const int64_t b = t.b, h = t.h, row_begin = t.row_begin, row_end = t.row_end;
   const int64_t D = p.head_dim;
   const int64_t Dp = round_up(D, kColTile);
   const int64_t rows = row_end - row_begin;
@@ -467,8 +473,27 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
     }
   };
 
-  for (int64_t s0 = 0; s0 < prefix; s0 += kKeys) block(s0, min64(kKeys, prefix - s0), -1);
-  for (int64_t j0 = 0; j0 < p.tree; j0 += kKeys) block(prefix + j0, min64(kKeys, p.tree - j0), j0);
+  // This task's positions [lo, hi): prefix blocks, then tree blocks.
+  const int64_t lo = t.kv_begin;
+  const int64_t hi = min64(t.kv_end, prefix + p.tree);
+  const int64_t prefix_end = min64(hi, prefix);
+  for (int64_t s0 = lo; s0 < prefix_end; s0 += kKeys) block(s0, min64(kKeys, prefix_end - s0), -1);
+  for (int64_t s0 = lo > prefix ? lo : prefix; s0 < hi; s0 += kKeys) {
+    block(s0, min64(kKeys, hi - s0), s0 - prefix);
+  }
+
+  if (t.split >= 0) {  // a KV split: normalized fp32 rows and their log2-sum-exp
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t token = (row_begin + r) / G;
+      const int64_t head = h * G + (row_begin + r) % G;
+      const int64_t idx = ((t.split * p.batch + b) * p.tree + token) * p.q_heads + head;
+      const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+      float* o = p.part_out + idx * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = acc[r * Dp + d] * inv;
+      p.part_lse[idx] = l[r] > 0.f ? m[r] + __builtin_log2f(l[r]) : kNegInf;
+    }
+    return;
+  }
 
   char* obase = static_cast<char*>(p.out);
   for (int64_t r = 0; r < rows; ++r) {
@@ -481,17 +506,16 @@ void run_typed(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t
 
 }  // namespace
 
-void run_task(const Params& p, int64_t b, int64_t h, int64_t row_begin, int64_t row_end,
-              float* scratch) {
+void run_task(const Params& p, const Task& t, float* scratch) {
   switch (p.dtype) {
     case DType::kFloat:
-      run_typed<DType::kFloat>(p, b, h, row_begin, row_end, scratch);
+      run_typed<DType::kFloat>(p, t, scratch);
       break;
     case DType::kHalf:
-      run_typed<DType::kHalf>(p, b, h, row_begin, row_end, scratch);
+      run_typed<DType::kHalf>(p, t, scratch);
       break;
     case DType::kBFloat16:
-      run_typed<DType::kBFloat16>(p, b, h, row_begin, row_end, scratch);
+      run_typed<DType::kBFloat16>(p, t, scratch);
       break;
   }
 }

@@ -13,7 +13,8 @@
 //   (only a tail bound), then the tree part with a bitmask built once per CTA in shared memory
 //   (bit j of row r = tree_mask[b, token(r), j]). Per block:
 //     1. K and V rows -> shared memory (cp.async, 16-byte vectors, zero-filled past the end;
-//        a page lookup per row: the contiguous cache is one page per request).
+//        a page lookup per row: the contiguous cache is one page per request), double-
+//        buffered where shared memory allows: block i + 1 loads while block i is computed.
 //     2. S = Q K^T: WMMA 16x16x16 (mma.sync on sm_80 / sm_90a) with fp32 accumulators for
 //        fp16 / bf16; a SIMT loop for fp32.
 //     3. Online softmax in fp32 (log2 domain): two lanes per row, running max / sum in shared
@@ -79,14 +80,18 @@ struct Smem {
   static constexpr int kLd = kDp + kPad;       // Q / K / V row stride (elements)
   static constexpr int kLdP = kBlockKeys + kPad;
   static constexpr int kLdO = kDp + 4;         // fp32 output row stride
+  // K / V blocks in flight: two (the next block loads while this one is used) where shared
+  // memory allows it on sm_80 (fp16 / bf16 up to D = 128, fp32 up to D = 64), else one.
+  static constexpr int kStages = sizeof(T) * kDp <= 256 ? 2 : 1;
+  static constexpr int kKvStage = align128(kBlockKeys * kLd * static_cast<int>(sizeof(T)));
   static constexpr int kO = 0;
   static constexpr int kS = kO + align128(kTileRows * kLdO * 4);
   static constexpr int kM = kS + align128(kTileRows * kLdS * 4);
   static constexpr int kL = kM + align128(kTileRows * 4);
   static constexpr int kQ = kL + align128(kTileRows * 4);
   static constexpr int kK = kQ + align128(kTileRows * kLd * static_cast<int>(sizeof(T)));
-  static constexpr int kV = kK + align128(kBlockKeys * kLd * static_cast<int>(sizeof(T)));
-  static constexpr int kP = kV + align128(kBlockKeys * kLd * static_cast<int>(sizeof(T)));
+  static constexpr int kV = kK + kStages * kKvStage;
+  static constexpr int kP = kV + kStages * kKvStage;
   static constexpr int kBits = kP + align128(kTileRows * kLdP * static_cast<int>(sizeof(T)));
   static constexpr int bytes(int mask_words) { return kBits + kTileRows * mask_words * 8; }
 };
@@ -104,9 +109,11 @@ __device__ __forceinline__ void kv_offsets(const Params<T>& p, int b, int64_t s,
   v_off = page * p.v_page + row * p.v_row + h * p.v_head;
 }
 
-// K and V rows of positions [s0, s0 + n) into shared memory; rows >= n are zero.
+// Starts copying K and V rows of positions [s0, s0 + n) into shared memory (rows >= n become
+// zero) and commits them as one cp.async group; the elementwise path (unaligned caches) copies
+// synchronously. The caller waits for the group and synchronizes the CTA.
 template <typename T, int kDp>
-__device__ __forceinline__ void load_kv(const Params<T>& p, int b, int h, int64_t s0, int n,
+__device__ __forceinline__ void issue_kv(const Params<T>& p, int b, int h, int64_t s0, int n,
                                         T* ks, T* vs) {
   using L = Smem<T, kDp>;
   if (p.vec_ok) {
@@ -121,8 +128,6 @@ __device__ __forceinline__ void load_kv(const Params<T>& p, int b, int h, int64_
       eagle3::cuda::cp_async_16(ks + key * L::kLd + c, p.k + k_off + c, valid);
       eagle3::cuda::cp_async_16(vs + key * L::kLd + c, p.v + v_off + c, valid);
     }
-    eagle3::cuda::cp_async_commit();
-    eagle3::cuda::cp_async_wait<0>();
   } else {
     for (int idx = threadIdx.x; idx < kBlockKeys * p.head_dim; idx += kThreads) {
       const int key = idx / p.head_dim;
@@ -139,7 +144,7 @@ __device__ __forceinline__ void load_kv(const Params<T>& p, int b, int h, int64_
       vs[key * L::kLd + d] = vv;
     }
   }
-  __syncthreads();
+  eagle3::cuda::cp_async_commit();  // (an empty group on the elementwise path)
 }
 
 // S[16 rows of this warp][kBlockKeys] = Q K^T (unscaled), fp32 into ss (row stride kLdS).
@@ -327,28 +332,58 @@ __global__ void __launch_bounds__(kThreads) tree_attention_kernel(const __grid_c
   T* p_warp = ps + warp_row0 * L::kLdP;
   float* o_warp = os + warp_row0 * L::kLdO;
 
-  // Prefix part: no mask test.
+  // The CTA's blocks: prefix blocks over [begin, prefix_end), then tree blocks over
+  // [tree_begin, end).
   const int64_t prefix_end = end < prefix ? end : prefix;
-  for (int64_t s0 = begin; s0 < prefix_end; s0 += kBlockKeys) {
-    const int n = static_cast<int>(prefix_end - s0 < kBlockKeys ? prefix_end - s0 : kBlockKeys);
-    load_kv<T, kDp>(p, b, h, s0, n, ks, vs);
-    warp_scores<T, kDp>(q_warp, ks, s_warp);
-    __syncwarp();
-    warp_softmax<T, kDp, false>(p, warp_row0, n, 0, s_warp, p_warp, o_warp, m_s, l_s, bits);
-    warp_accumulate<T, kDp>(p_warp, vs, o_warp, n);
-    __syncthreads();  // K / V are overwritten next
-  }
-  // Tree part: the bitmask decides.
-  for (int64_t s0 = begin > prefix ? begin : prefix; s0 < end; s0 += kBlockKeys) {
-    const int n = static_cast<int>(end - s0 < kBlockKeys ? end - s0 : kBlockKeys);
-    load_kv<T, kDp>(p, b, h, s0, n, ks, vs);
-    warp_scores<T, kDp>(q_warp, ks, s_warp);
-    __syncwarp();
-    warp_softmax<T, kDp, true>(p, warp_row0, n, static_cast<int>(s0 - prefix), s_warp, p_warp,
-                               o_warp, m_s, l_s, bits);
-    warp_accumulate<T, kDp>(p_warp, vs, o_warp, n);
+  const int64_t tree_begin = begin > prefix ? begin : prefix;
+  const int prefix_blocks =
+      prefix_end > begin ? static_cast<int>((prefix_end - begin + kBlockKeys - 1) / kBlockKeys) : 0;
+  const int tree_blocks =
+      end > tree_begin ? static_cast<int>((end - tree_begin + kBlockKeys - 1) / kBlockKeys) : 0;
+  const int blocks = prefix_blocks + tree_blocks;
+  auto block_start = [&](int i) {
+    return i < prefix_blocks ? begin + static_cast<int64_t>(i) * kBlockKeys
+                             : tree_begin + static_cast<int64_t>(i - prefix_blocks) * kBlockKeys;
+  };
+  auto block_size = [&](int i) {
+    const int64_t limit = i < prefix_blocks ? prefix_end : end;
+    const int64_t left = limit - block_start(i);
+    return static_cast<int>(left < kBlockKeys ? left : kBlockKeys);
+  };
+  auto stage_k = [&](int stage) { return ks + stage * (L::kKvStage / static_cast<int>(sizeof(T))); };
+  auto stage_v = [&](int stage) { return vs + stage * (L::kKvStage / static_cast<int>(sizeof(T))); };
+
+  if (L::kStages == 2 && blocks > 0) issue_kv<T, kDp>(p, b, h, block_start(0), block_size(0), ks, vs);
+  for (int i = 0; i < blocks; ++i) {
+    const int stage = L::kStages == 2 ? i & 1 : 0;
+    if constexpr (L::kStages == 2) {
+      // Prefetch block i + 1 into the other stage (its last readers passed the trailing
+      // barrier of iteration i - 1); an empty group keeps the wait count uniform.
+      if (i + 1 < blocks) {
+        issue_kv<T, kDp>(p, b, h, block_start(i + 1), block_size(i + 1), stage_k(stage ^ 1),
+                         stage_v(stage ^ 1));
+      } else {
+        eagle3::cuda::cp_async_commit();
+      }
+      eagle3::cuda::cp_async_wait<1>();
+    } else {
+      issue_kv<T, kDp>(p, b, h, block_start(i), block_size(i), ks, vs);
+      eagle3::cuda::cp_async_wait<0>();
+    }
     __syncthreads();
+    const int n = block_size(i);
+    warp_scores<T, kDp>(q_warp, stage_k(stage), s_warp);
+    __syncwarp();
+    if (i < prefix_blocks) {  // prefix: no mask test
+      warp_softmax<T, kDp, false>(p, warp_row0, n, 0, s_warp, p_warp, o_warp, m_s, l_s, bits);
+    } else {                  // tree: the bitmask decides
+      warp_softmax<T, kDp, true>(p, warp_row0, n, static_cast<int>(block_start(i) - prefix), s_warp,
+                                 p_warp, o_warp, m_s, l_s, bits);
+    }
+    warp_accumulate<T, kDp>(p_warp, stage_v(stage), o_warp, n);
+    __syncthreads();  // this stage is overwritten by the prefetch of block i + 2
   }
+  eagle3::cuda::cp_async_wait<0>();
   __syncwarp();
 
   // Epilogue: this warp's rows, lanes along D.
