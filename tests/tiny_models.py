@@ -37,8 +37,11 @@ def make_tokenizer(text: str, vocab_size: int = 320):
 
 
 def make_target(path: str, arch: str = "llama", layers: int = 6, hidden: int = 64, seed: int = 0,
-                peaky: float = 8.0, text: str | None = None):
-    """Saves a random target and its tokenizer to ``path``; returns (model, tokenizer)."""
+                peaky: float = 8.0, text: str | None = None, residual_scale: float = 1.0):
+    """Saves a random target and its tokenizer to ``path``; returns (model, tokenizer).
+
+    ``residual_scale`` > 1 makes every layer change the residual stream more, so that the
+    hidden states of neighbouring layers differ the way a trained model's do."""
     import transformers
 
     tokenizer = make_tokenizer(text or corpus())
@@ -56,6 +59,9 @@ def make_target(path: str, arch: str = "llama", layers: int = 6, hidden: int = 6
     model = model_cls(config_cls(**common)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(peaky)  # sharp next-token distributions, like a trained model
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(residual_scale)
+            layer.mlp.down_proj.weight.mul_(residual_scale)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -106,7 +106,36 @@ def _run_generate(args) -> int:
     return 0 if report.get("identical") is not False else 1
 
 
-COMMANDS = {"generate": (_add_generate, _run_generate), "train": (_add_train, _run_train)}
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="find why a draft's acceptance is low (aux layers, d2t, config)")
+    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument("--draft", required=True, help="draft directory")
+    p.add_argument("--data", nargs="+", help="sample text or JSONL files (default: a bundled code sample)")
+    p.add_argument("--steps", type=int, default=3, help="draft positions measured (acc_0 .. acc_{steps-1})")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+def _run_doctor(args) -> int:
+    from .doctor import diagnose
+
+    report = diagnose(args.target, args.draft, args.data, steps=args.steps)
+    if args.json:
+        print(json.dumps(report.as_dict()))
+    else:
+        for f in report.findings:
+            print(f"[{f.status:>7}] {f.check}: {f.message}")
+            if f.fix:
+                print(f"          fix: {f.fix}")
+        for c in report.candidates:
+            acc = " ".join(f"{a:.3f}" for a in c.acc)
+            print(f"  {c.name:<30} {str(c.aux_layer_ids):<20} acc [{acc}]  expected acceptance length "
+                  f"{c.expected_acceptance_length:.2f}")
+        print(report.verdict)
+    return 0 if report.healthy else 1
+
+
+COMMANDS = {"doctor": (_add_doctor, _run_doctor), "generate": (_add_generate, _run_generate),
+            "train": (_add_train, _run_train)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
