@@ -39,6 +39,12 @@ $py benchmarks/bench_tree_attention.py --device cuda --dtype bf16 --budget 0.2 \
   || bench_rc=$?
 $py benchmarks/bench_tree_attention.py --device cuda --dtype bf16 --budget 0.2 --paged 16 \
   --prefix 4096 --tree 32 --batch 8 --out "$out_dir/tree_attention_paged_cuda.json" || bench_rc=$?
+# The native binary, without Python in the loop; it finds libtorch next to the installed torch.
+export LD_LIBRARY_PATH=$($py -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for preset in decode-8b prefill-8b decode-70b; do
+  "$site/eagle3_ext/bin/eagle3_bench" --device cuda --preset "$preset" --repeat 20 \
+    --json "$out_dir/native_${preset}_cuda.json" || bench_rc=1
+done
 
 $py - "$out_dir" "$tests_rc" <<'PY'
 import json, os, sys
