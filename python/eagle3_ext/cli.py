@@ -71,12 +71,18 @@ def _add_generate(sub) -> None:
     p.add_argument("--baseline", action="store_true",
                    help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--tp-timeout", type=float, default=120.0,
+                   help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
+    p.add_argument("--check-ranks", action="store_true",
+                   help="under torchrun: verify that every rank produced the same tokens")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _run_generate(args) -> int:
+    from .distributed import init_from_env, rank
     from .engine.run import GenerateRequest, run_generate
 
+    init_from_env(args.tp_timeout)  # a no-op outside torchrun
     if args.prompt is None and args.prompt_file is None:
         prompt = None
     elif args.prompt_file is not None:
@@ -88,8 +94,11 @@ def _run_generate(args) -> int:
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, depth=args.depth, topk=args.topk,
                               num_draft_tokens=args.num_draft_tokens, chain=args.chain, attention=args.attention,
-                              seed=args.seed, baseline=args.baseline, dtype=args.dtype)
+                              seed=args.seed, baseline=args.baseline, dtype=args.dtype,
+                              check_ranks=args.check_ranks)
     report = run_generate(request, progress=not args.json)
+    if rank() != 0:  # only rank 0 reports
+        return 0 if report.get("identical") is not False else 1
     if args.json:
         print(json.dumps(report))
     else:

@@ -10,12 +10,14 @@ decoding; sampling emits tokens with exactly the target's (filtered) distributio
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
 import torch
 
+from ..distributed import tp
 from ..draft import Eagle3DraftModel
 from ..tree import verify_greedy, verify_sampling
 from .capture import AuxHiddenCapture
@@ -49,10 +51,12 @@ class SpeculativeGenerator:
         attention: "tree" runs the verify forward through eagle3.tree_attention (the
             "eagle3_tree" attention implementation); "sdpa" keeps the model's own attention and
             passes a 4D mask.
+        check_ranks: under tensor parallelism, verify after each call that every rank produced
+            the same tokens (an all-gather; default: the EAGLE3_CHECK_RANKS environment variable).
     """
 
     def __init__(self, target, draft: Eagle3DraftModel, tree: TreeConfig = TreeConfig(), tokenizer=None,
-                 attention: str = "tree"):
+                 attention: str = "tree", check_ranks: Optional[bool] = None):
         if attention not in ("tree", "sdpa"):
             raise ValueError(f"attention must be 'tree' or 'sdpa', got {attention!r}")
         self.target = target.eval()
@@ -70,6 +74,7 @@ class SpeculativeGenerator:
             from .. import hf_attention
             target.set_attn_implementation(hf_attention.register())
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+        self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
 
     # --- inputs ----------------------------------------------------------------------------
     def _prompt_ids(self, prompts) -> List[List[int]]:
@@ -129,7 +134,7 @@ class SpeculativeGenerator:
         eos = self._eos_ids(eos_token_id)
         device = self.target.get_input_embeddings().weight.device
         gen = torch.Generator(device=device)
-        gen.manual_seed(seed if seed is not None else torch.seed() % (1 << 63))
+        gen.manual_seed(tp.shared_seed(seed))  # one seed on every tensor-parallel rank
 
         b = len(ids)
         longest = max(len(p) for p in ids)
@@ -147,6 +152,7 @@ class SpeculativeGenerator:
         runner = TargetRunner(self.target, self.capture, self.use_tree_attention)
         out = runner.prefill(input_ids, attention_mask)
         stats.target_forwards += 1
+        self._check_capture_width(out.aux_hidden)
         roots = self._select(out.logits[:, -1], sampling, gen)                      # [B]
         emitted: List[List[int]] = [[int(t)] for t in roots.tolist()]
         # Pairs (feature j, token j + 1) of the prompt, left-aligned per request; the last real
@@ -230,12 +236,23 @@ class SpeculativeGenerator:
             stats.compact_time_s += time.perf_counter() - t4
         if streamer is not None:
             streamer.end()
+        if self.check_ranks:
+            tp.check_ranks_agree(emitted)
         stats.total_time_s = time.perf_counter() - started
         stats.new_tokens = sum(len(e) for e in emitted)
         text = None
         if self.tokenizer is not None:
             text = [self.tokenizer.decode(e, skip_special_tokens=True) for e in emitted]
         return GenerationOutput(sequences=emitted, stats=stats, text=text, finish_reasons=reasons)
+
+    def _check_capture_width(self, aux_hidden: List[torch.Tensor]) -> None:
+        hidden = self.draft.config.target_hidden_size
+        for index, state in zip(self.draft.aux_layer_ids, aux_hidden):
+            if state.shape[-1] != hidden:
+                raise ValueError(
+                    f"the captured hidden state of layer index {index} has width {state.shape[-1]} but the target's "
+                    f"hidden size is {hidden}: a sharded capture (a tensor-parallel layer output taken before its "
+                    "all-reduce) cannot feed the draft")
 
     def _eos_ids(self, eos_token_id) -> List[int]:
         if eos_token_id is None:

@@ -35,6 +35,7 @@ class GenerateRequest:
     seed: int = 0
     baseline: bool = False
     dtype: str = "float32"
+    check_ranks: bool = False
 
     def tree(self) -> TreeConfig:
         if self.chain:
@@ -60,24 +61,31 @@ def load_pair(target_dir: str, draft_dir: str, dtype: str):
 
     from ..draft import Eagle3DraftModel
 
+    from ..distributed import tp
+
     torch_dtype = DTYPES[dtype]
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype).eval()
+    if tp.is_distributed():
+        target = tp.load_target(target_dir, torch_dtype).eval()
+    else:
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype).eval()
     draft = Eagle3DraftModel.from_pretrained(draft_dir, target_config=target.config).to(torch_dtype)
     return target, draft, tokenizer
 
 
 def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
+    from ..distributed import tp
     from .generator import SpeculativeGenerator
 
     if req.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
     target_dir, draft_dir = resolve_models(req.target, req.draft)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype)
-    gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention)
+    gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
+                               check_ranks=req.check_ranks or None)
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     streamer = None
-    if progress:
+    if progress and tp.rank() == 0:
         from transformers import TextStreamer
         streamer = TextStreamer(tokenizer, skip_prompt=True)
     # A short warm-up so one-time costs (allocator, first kernel calls) hit neither side.
@@ -93,6 +101,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens},
         "finish_reason": out.finish_reasons[0], "target": target_dir, "draft": draft_dir,
+        "world_size": tp.world_size(),
     }
     if req.baseline:
         report.update(baseline(target, tokenizer, prompt, req, out.sequences[0], stats.total_time_s))

@@ -1,0 +1,93 @@
+"""Running the speculative loop under torch.distributed tensor parallelism.
+
+The target is sharded with transformers' own tensor-parallel plan (DistributedConfig, the
+successor of ``tp_plan="auto"``): attention heads and MLP columns are split across ranks, the
+row-parallel projections all-reduce, so every decoder layer's output (what the aux-layer hooks
+capture) and the logits are full width on every rank. The draft is small and replicated. Every
+rank then computes identical logits and runs the same accept decisions; sampling uses one seed
+broadcast from rank 0. ``check_ranks_agree`` verifies that in debug mode.
+
+Launch with ``torchrun --nproc-per-node N -m eagle3_ext generate ...``; the backend follows the
+device (gloo on CPU, NCCL on CUDA) and every collective times out after ``timeout_s``, so a
+rank that dies or hangs turns into an error on the others instead of a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class RankDisagreement(RuntimeError):
+    """Ranks produced different tokens: their targets are not the same model or not in sync."""
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Joins the process group torchrun describes (WORLD_SIZE > 1); returns whether it did."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        logger.info("rank %d of %d joined (%s, timeout %.0f s)", dist.get_rank(), dist.get_world_size(), backend,
+                    timeout_s)
+    return True
+
+
+def load_target(path: str, dtype: torch.dtype):
+    """The target, sharded across the current process group with transformers' TP plan."""
+    from transformers import AutoModelForCausalLM, DistributedConfig
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                    distributed_config=DistributedConfig(tp_size=world_size()))
+    except (ValueError, NotImplementedError) as e:
+        raise ValueError(f"the target at {path} has no tensor-parallel plan in transformers ({e}); run it with "
+                         "one process") from e
+
+
+def shared_seed(seed: int | None) -> int:
+    """The same sampling seed on every rank: ``seed`` if given, else rank 0's random one."""
+    if seed is not None or not is_distributed():
+        return int(seed) if seed is not None else int(torch.seed() % (1 << 63))
+    value = torch.tensor([torch.seed() % (1 << 62)], dtype=torch.int64)
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
+def check_ranks_agree(sequences: Sequence[Sequence[int]]) -> None:
+    """Raises RankDisagreement unless every rank holds the same token sequences."""
+    if not is_distributed():
+        return
+    mine: List[List[int]] = [list(s) for s in sequences]
+    gathered: List[List[List[int]]] = [None] * world_size()  # type: ignore[list-item]
+    dist.all_gather_object(gathered, mine)
+    for r, theirs in enumerate(gathered):
+        if theirs != mine:
+            raise RankDisagreement(f"rank {rank()} and rank {r} produced different tokens; the ranks' targets are "
+                                   "not the same model or their inputs differ")
