@@ -105,3 +105,13 @@ def test_candidates_stay_in_range():
     with_embedding = dict(candidate_layer_sets([0, 2, 4], 2, 6))
     assert with_embedding["embedding output removed"] == [2, 4]
     assert with_embedding["embedding removed, shifted +1"] == [3, 5]
+
+
+def test_rope_and_context_mismatches_are_warned(pair):
+    def edit(path, config):
+        config["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+        config["max_position_embeddings"] = 64
+    report = run(pair, variant(pair, "rope", edit))
+    checks = {f.check: f for f in report.findings}
+    assert checks["rope"].status == "warning" and "rope scaling differs" in checks["rope"].message
+    assert checks["context"].status == "warning" and "(64) is shorter than the target's (512)" in checks["context"].message

@@ -89,6 +89,17 @@ def _fix_text(ids: Sequence[int]) -> str:
     return "; ".join(lines)
 
 
+def _rope_kind(scaling) -> tuple:
+    """The parts of a rope scaling dict that change the frequencies."""
+    if not scaling:
+        return ("default",)
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return ("default",)
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    return (kind,) + tuple(float(scaling[k]) if k in scaling else None for k in keys)
+
+
 def candidate_layer_sets(configured: Optional[Sequence[int]], k: int, num_layers: int) -> List[Tuple[str, List[int]]]:
     """The configured ids and the plausible mix-ups, each with k ids within [0, L]."""
     out: List[Tuple[str, List[int]]] = []
@@ -170,6 +181,11 @@ class Doctor:
             (getattr(self.target.config, "rope_parameters", None) or {}).get("rope_theta")
         if target_theta is not None and float(target_theta) != float(cfg.rope_theta):
             self._add("rope", "warning", f"rope_theta differs: draft {cfg.rope_theta}, target {target_theta}")
+        target_params = getattr(self.target.config, "rope_parameters", None) or {}
+        target_scaling = getattr(self.target.config, "rope_scaling", None) or (
+            target_params if target_params.get("rope_type", "default") != "default" else None)
+        if _rope_kind(target_scaling) != _rope_kind(cfg.rope_scaling):
+            self._add("rope", "warning", f"rope scaling differs: draft {cfg.rope_scaling}, target {target_scaling}")
         w_dtype = draft.fc.weight.dtype
         t_dtype = self.target.get_input_embeddings().weight.dtype
         if w_dtype != t_dtype:
