@@ -143,8 +143,62 @@ def _run_doctor(args) -> int:
     return 0 if report.healthy else 1
 
 
-COMMANDS = {"doctor": (_add_doctor, _run_doctor), "generate": (_add_generate, _run_generate),
-            "train": (_add_train, _run_train)}
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="speed against plain HF generate and HF prompt lookup decoding")
+    p.add_argument("--target", help="target model directory (default: the bundled model)")
+    p.add_argument("--draft", help="draft directory (default: the bundled draft)")
+    p.add_argument("--prompts", help="JSONL ({\"prompt\": ...}) or text file (blank-line separated prompts); "
+                                     "default: the bundled evaluation set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES",
+                   help="tree configurations to run (default: chain5, 5,4,16 and 6,8,32)")
+    p.add_argument("--sweep", action="store_true", help="try a grid of depth / topk / num_draft_tokens at batch 1")
+    p.add_argument("--out", default="bench-results/e2e", help="directory for bench.json, bench.md, bench.png")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+
+
+def _parse_trees(specs):
+    from .engine.config import TreeConfig
+
+    trees = {}
+    for spec in specs:
+        try:
+            depth, topk, nodes = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise ValueError(f"--tree takes DEPTH,TOPK,NODES, got {spec!r}") from None
+        name = f"chain{depth}" if topk == 1 else f"tree{depth}x{topk}n{nodes}"
+        trees[name] = TreeConfig(depth, topk, nodes)
+    return trees
+
+
+def _run_bench(args) -> int:
+    from .engine.bench import BenchConfig, load_prompts, run_bench, run_sweep, sweep_configs
+
+    cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
+                      batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype,
+                      prompts=load_prompts(args.prompts) if args.prompts else None)
+    if args.tree:
+        cfg.configs = _parse_trees(args.tree)
+    elif args.sweep:
+        cfg.configs = sweep_configs()
+    report = run_sweep(cfg, progress=not args.json) if args.sweep else run_bench(cfg, progress=not args.json)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        from .engine.bench import markdown
+        print(markdown(report))
+        if args.sweep:
+            best = report["best"]
+            print(f"fastest on this machine: {best['method']} ({best['tokens_per_s']:.1f} tokens/s, speedup "
+                  f"{best['speedup']:.2f}x)")
+        print(f"wrote {args.out}/bench.json, bench.md, bench.png", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"bench": (_add_bench, _run_bench), "doctor": (_add_doctor, _run_doctor),
+            "generate": (_add_generate, _run_generate), "train": (_add_train, _run_train)}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

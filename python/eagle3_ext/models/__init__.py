@@ -18,3 +18,14 @@ def bundled_paths() -> Tuple[str, str]:
                 f"the bundled default models are not installed ({path} has no config.json); pass --target and "
                 "--draft")
     return TARGET_DIR, DRAFT_DIR
+
+
+EVAL_PROMPTS = os.path.join(HERE, "eval_prompts.jsonl")
+
+
+def bundled_eval_prompts():
+    """The held-out evaluation prompts shipped with the bundled pair, or a clear error if absent."""
+    if not os.path.exists(EVAL_PROMPTS):
+        raise FileNotFoundError(f"the bundled evaluation prompts are not installed ({EVAL_PROMPTS}); pass --prompts")
+    from ..engine.bench import load_prompts
+    return load_prompts(EVAL_PROMPTS)

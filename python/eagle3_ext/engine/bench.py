@@ -1,0 +1,225 @@
+"""``eagle3 bench``: end-to-end speed against what one would use instead, in the same run.
+
+For each batch size, over a set of prompts: plain Hugging Face greedy generate, Hugging Face
+prompt lookup decoding (``prompt_lookup_num_tokens``, batch 1 only: transformers supports no
+more), and eagle3_ext with each tree configuration. Per configuration: tokens/s, acceptance
+length, per-depth acceptance, speedup against plain generate and whether the outputs are
+identical to it. Writes bench.json, bench.md and bench.png (speedup and acceptance per
+configuration). ``sweep`` tries depth / topk / num_draft_tokens combinations at batch 1 and
+names the fastest for the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .config import TreeConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIGS = {"chain5": TreeConfig.chain(5), "tree5x4n16": TreeConfig(5, 4, 16),
+                   "tree6x8n32": TreeConfig(6, 8, 32)}
+SWEEP_DEPTHS = (2, 3, 4, 5, 6, 8)
+SWEEP_TOPKS = (1, 2, 4, 8)
+SWEEP_NODES = (4, 8, 16, 32, 64)
+
+
+@dataclass
+class BenchConfig:
+    target: Optional[str] = None
+    draft: Optional[str] = None
+    prompts: Optional[List[str]] = None       # texts; default: the prompts of the bundled evaluation set
+    max_new_tokens: int = 128
+    batch_sizes: Sequence[int] = (1, 4)
+    configs: Dict[str, TreeConfig] = field(default_factory=lambda: dict(DEFAULT_CONFIGS))
+    prompt_lookup_tokens: int = 10
+    out: str = "bench-results/e2e"
+    dtype: str = "float32"
+
+
+def load_prompts(path: str) -> List[str]:
+    """Prompts from a JSONL file ({"prompt": ...} per line) or a text file (one per blank-line block)."""
+    with open(path, encoding="utf-8") as f:
+        content = f.read()
+    if path.endswith(".jsonl"):
+        prompts = [json.loads(line)["prompt"] for line in content.splitlines() if line.strip()]
+    else:
+        prompts = [block.strip("\n") for block in content.split("\n\n") if block.strip()]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompt")
+    return prompts
+
+
+def _hf_generate(target, tok, prompts: List[str], max_new: int, **extra):
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    target.set_attn_implementation("sdpa")
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = target.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id, **extra)
+    elapsed = time.perf_counter() - started
+    eos = target.generation_config.eos_token_id
+    eos = set([eos] if isinstance(eos, int) else (eos or []))
+    rows = []
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:cut])
+    return rows, elapsed
+
+
+def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
+    from .generator import SpeculativeGenerator
+    from .run import load_pair, resolve_models
+
+    target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
+    target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype)
+    prompts = cfg.prompts or _bundled_prompts()
+    if any(b < 1 for b in cfg.batch_sizes):
+        raise ValueError(f"batch sizes must be positive, got {list(cfg.batch_sizes)}")
+    gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
+    report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
+                              "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}
+    _hf_generate(target, tok, prompts[:1], 4)  # warm-up
+    for bs in cfg.batch_sizes:
+        groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+        rows: Dict[str, Dict[str, Any]] = {}
+        base_tokens, base_time, base_outputs = 0, 0.0, []
+        for group in groups:
+            out, t = _hf_generate(target, tok, group, cfg.max_new_tokens)
+            base_outputs += out
+            base_tokens += sum(len(o) for o in out)
+            base_time += t
+        rows["hf_generate"] = {"method": "hf_generate", "tokens_per_s": base_tokens / base_time, "speedup": 1.0,
+                               "acceptance_length": 1.0, "identical": True}
+        if bs == 1:
+            lookup_tokens, lookup_time, same = 0, 0.0, True
+            for group, ref in zip(groups, base_outputs):
+                out, t = _hf_generate(target, tok, group, cfg.max_new_tokens,
+                                      prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
+                lookup_tokens += len(out[0])
+                lookup_time += t
+                same &= out[0] == ref
+            rows["hf_prompt_lookup"] = {"method": "hf_prompt_lookup", "tokens_per_s": lookup_tokens / lookup_time,
+                                        "speedup": (lookup_tokens / lookup_time) / (base_tokens / base_time),
+                                        "acceptance_length": None, "identical": same}
+        for name, gen in gens.items():
+            gen.generate(prompts[:1], max_new_tokens=4)  # warm-up, also restores the tree attention
+            tokens, elapsed, accepted, request_rounds, outputs = 0, 0.0, 0, 0, []
+            depth_hits = [0] * gen.tree.depth
+            for group in groups:
+                res = gen.generate(group, max_new_tokens=cfg.max_new_tokens)
+                s = res.stats
+                outputs += res.sequences
+                tokens += s.new_tokens
+                elapsed += s.total_time_s
+                accepted += s.accepted_drafts
+                request_rounds += s.request_rounds
+                depth_hits = [a + b for a, b in zip(depth_hits, s.depth_accepted)]
+            tps = tokens / elapsed
+            rows[name] = {"method": name, "depth": gen.tree.depth, "topk": gen.tree.topk,
+                          "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": tps,
+                          "speedup": tps / (base_tokens / base_time),
+                          "acceptance_length": (accepted + request_rounds) / max(1, request_rounds),
+                          "depth_acceptance": [h / max(1, request_rounds) for h in depth_hits],
+                          "identical": outputs == base_outputs}
+            if progress:
+                print(f"batch {bs} {name}: {tps:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, acceptance "
+                      f"length {rows[name]['acceptance_length']:.2f}, identical {rows[name]['identical']}",
+                      file=sys.stderr, flush=True)
+        report["runs"].append({"batch_size": bs, "results": list(rows.values())})
+    write_outputs(report, cfg.out)
+    return report
+
+
+def _bundled_prompts() -> List[str]:
+    from ..models import bundled_eval_prompts
+    return bundled_eval_prompts()
+
+
+def markdown(report: Dict[str, Any]) -> str:
+    lines = [f"Target {report['target']}, draft {report['draft']}, {report['prompts']} prompts, "
+             f"{report['max_new_tokens']} new tokens, {report['threads']} threads.", ""]
+    for run in report["runs"]:
+        lines += [f"**batch {run['batch_size']}**", "",
+                  "| method | tokens/s | speedup vs HF generate | acceptance length | per-depth acceptance | identical |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in run["results"]:
+            acc = "-" if r.get("acceptance_length") is None else f"{r['acceptance_length']:.2f}"
+            depth = " ".join(f"{a:.2f}" for a in r.get("depth_acceptance", [])) or "-"
+            lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} | {depth} | "
+                         f"{'yes' if r['identical'] else 'NO'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: Dict[str, Any], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    names: List[str] = []
+    for run in runs:  # prompt lookup exists at batch 1 only: place bars by method, not by position
+        names += [r["method"] for r in run["results"] if r["method"] not in names]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(runs))
+    for i, run in enumerate(runs):
+        by_name = {r["method"]: r for r in run["results"]}
+        shown = [n for n in names if n in by_name]
+        xs = [names.index(n) + i * width for n in shown]
+        label = f"batch {run['batch_size']}"
+        axes[0].bar(xs, [by_name[n]["speedup"] for n in shown], width, label=label)
+        axes[1].bar(xs, [by_name[n]["acceptance_length"] or 0 for n in shown], width, label=label)
+    for ax, title in zip(axes, ("speedup vs HF generate", "acceptance length (tokens per target forward)")):
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(names))])
+        ax.set_xticklabels(names, rotation=30, ha="right")
+        ax.set_title(title)
+        ax.legend()
+    axes[0].axhline(1.0, color="gray", linewidth=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(report: Dict[str, Any], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "bench.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out, "bench.md"), "w") as f:
+        f.write(markdown(report))
+    plot(report, os.path.join(out, "bench.png"))
+
+
+def sweep_configs(depths=SWEEP_DEPTHS, topks=SWEEP_TOPKS, nodes=SWEEP_NODES) -> Dict[str, TreeConfig]:
+    """Every valid (depth, topk, num_draft_tokens) of the grid; chains once per depth."""
+    out: Dict[str, TreeConfig] = {}
+    for d in depths:
+        out[f"chain{d}"] = TreeConfig.chain(d)
+        for k in topks:
+            if k == 1:
+                continue
+            for n in nodes:
+                try:
+                    out[f"tree{d}x{k}n{n}"] = TreeConfig(d, k, n)
+                except ValueError:
+                    continue
+    return out
+
+
+def run_sweep(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
+    """Batch 1 over the sweep grid (or cfg.configs when given); names the fastest."""
+    cfg.batch_sizes = (1,)
+    report = run_bench(cfg, progress)
+    results = [r for r in report["runs"][0]["results"] if r["method"] not in ("hf_generate", "hf_prompt_lookup")]
+    best = max(results, key=lambda r: r["tokens_per_s"])
+    report["best"] = best
+    with open(os.path.join(cfg.out, "bench.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    return report

@@ -1,0 +1,68 @@
+import json
+
+import pytest
+
+from eagle3_ext.cli import main as cli_main
+from eagle3_ext.engine.bench import sweep_configs
+from eagle3_ext.train import TrainConfig, train
+from tiny_models import corpus, make_target
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    make_target(str(d / "target"), layers=4)
+    (d / "data.txt").write_text(corpus(300, seed=1))
+    train(TrainConfig(target=str(d / "target"), data=[str(d / "data.txt")], out=str(d / "draft"), ttt_steps=3,
+                      epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
+                      progress=False, max_steps=30, export_specforge=False))
+    (d / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in
+                                               ["def print return", "class value key", "for while if else"]) + "\n")
+    return d
+
+
+def test_bench_writes_json_markdown_and_plot(pair, capsys):
+    out = pair / "out"
+    rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                   str(pair / "prompts.jsonl"), "--max-new-tokens", "12", "--batch-sizes", "1", "2",
+                   "--tree", "3,1,4", "3,2,6", "--out", str(out), "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["batch_size"] for r in report["runs"]] == [1, 2]
+    methods = [r["method"] for r in report["runs"][0]["results"]]
+    assert methods == ["hf_generate", "hf_prompt_lookup", "chain3", "tree3x2n6"]
+    for run in report["runs"]:
+        for r in run["results"]:
+            assert r["tokens_per_s"] > 0 and r["identical"] is True  # greedy: same tokens as plain generate
+            if r["method"].startswith(("chain", "tree")):
+                assert r["acceptance_length"] >= 1.0 and len(r["depth_acceptance"]) == 3
+    assert (out / "bench.md").read_text().count("| chain3 |") == 2
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_names_the_fastest(pair, capsys):
+    out = pair / "sweep"
+    rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                   str(pair / "prompts.jsonl"), "--max-new-tokens", "8", "--sweep", "--tree", "2,1,3", "2,2,4",
+                   "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "bench.json").read_text())
+    assert report["best"]["method"] in ("chain2", "tree2x2n4")
+    assert "fastest on this machine" in capsys.readouterr().out
+
+
+def test_sweep_grid_is_valid():
+    grid = sweep_configs()
+    assert "chain5" in grid and "tree5x4n16" in grid
+    assert all(2 <= t.num_draft_tokens <= 1 + t.topk + (t.depth - 1) * t.topk ** 2 for t in grid.values())
+
+
+def test_bench_errors(pair, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                     str(empty)]) == 2
+    assert "holds no prompt" in capsys.readouterr().err
+    assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                     str(pair / "prompts.jsonl"), "--tree", "3x2"]) == 2
+    assert "--tree takes DEPTH,TOPK,NODES" in capsys.readouterr().err
