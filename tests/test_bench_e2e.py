@@ -4,18 +4,13 @@ import pytest
 
 from eagle3_ext.cli import main as cli_main
 from eagle3_ext.engine.bench import sweep_configs
-from eagle3_ext.train import TrainConfig, train
-from tiny_models import corpus, make_target
+from tiny_models import make_trained_pair
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
-    make_target(str(d / "target"), layers=4)
-    (d / "data.txt").write_text(corpus(300, seed=1))
-    train(TrainConfig(target=str(d / "target"), data=[str(d / "data.txt")], out=str(d / "draft"), ttt_steps=3,
-                      epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
-                      progress=False, max_steps=30, export_specforge=False))
+    make_trained_pair(str(d), layers=4, steps=30)
     (d / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in
                                                ["def print return", "class value key", "for while if else"]) + "\n")
     return d

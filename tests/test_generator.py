@@ -7,9 +7,8 @@ import torch
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine import generator as generator_module
-from eagle3_ext.train import TrainConfig, train
 from eagle3_ext.train.trainer import draft_config_for
-from tiny_models import corpus, make_target
+from tiny_models import make_trained_pair
 
 PROMPTS = ["def print return", "class value key item index count", "for while if else", "import",
            "lambda yield self print range len list dict", "try except with as"]
@@ -24,11 +23,7 @@ TRAINED_DIRS = {}  # architecture -> directory with target/ and draft/
 def trained(request, tmp_path_factory):
     """A tiny target of each architecture with a draft trained on it (acceptance > 1)."""
     d = tmp_path_factory.mktemp(request.param)
-    target, tok = make_target(str(d / "target"), arch=request.param)
-    (d / "data.txt").write_text(corpus(300, seed=1))
-    train(TrainConfig(target=str(d / "target"), data=[str(d / "data.txt")], out=str(d / "draft"), ttt_steps=3,
-                      epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
-                      progress=False, max_steps=40, export_specforge=False))
+    target, tok = make_trained_pair(str(d), arch=request.param)
     draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
     TRAINED_DIRS[request.param] = d
     return request.param, target, tok, draft

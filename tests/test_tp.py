@@ -9,8 +9,7 @@ import torch
 
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.train import TrainConfig, train
-from tiny_models import corpus, make_target
+from tiny_models import make_trained_pair
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytest.importorskip("accelerate")  # transformers' tensor parallelism needs it
@@ -19,11 +18,7 @@ pytest.importorskip("accelerate")  # transformers' tensor parallelism needs it
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("tp")
-    make_target(str(d / "target"), layers=4)
-    (d / "data.txt").write_text(corpus(300, seed=1))
-    train(TrainConfig(target=str(d / "target"), data=[str(d / "data.txt")], out=str(d / "draft"), ttt_steps=3,
-                      epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
-                      progress=False, max_steps=40, export_specforge=False))
+    make_trained_pair(str(d), layers=4)
     return d
 
 

@@ -66,3 +66,19 @@ def make_target(path: str, arch: str = "llama", layers: int = 6, hidden: int = 6
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model, tokenizer
+
+
+def make_trained_pair(workdir, arch: str = "llama", layers: int = 6, steps: int = 40, **train_options):
+    """A tiny target in ``workdir/target`` and an EAGLE-3 draft trained on it for ``steps`` steps
+    in ``workdir/draft`` (acceptance clearly above 1); returns the target model and tokenizer."""
+    from eagle3_ext.train import TrainConfig, train
+
+    target, tok = make_target(os.path.join(workdir, "target"), arch=arch, layers=layers)
+    with open(os.path.join(workdir, "data.txt"), "w") as f:
+        f.write(corpus(300, seed=1))
+    options = dict(ttt_steps=3, epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
+                   progress=False, max_steps=steps, export_specforge=False)
+    options.update(train_options)
+    train(TrainConfig(target=os.path.join(workdir, "target"), data=[os.path.join(workdir, "data.txt")],
+                      out=os.path.join(workdir, "draft"), **options))
+    return target, tok
