@@ -1,0 +1,204 @@
+"""The recipe of the bundled default pair: a small Llama target trained from scratch on the
+Python standard library that ships with the interpreter, then its EAGLE-3 draft.
+
+    python -m eagle3_ext.models.recipe corpus    --out WORK
+    python -m eagle3_ext.models.recipe tokenizer --out WORK [--vocab-size 8192]
+    python -m eagle3_ext.models.recipe target    --out WORK [--minutes 60] [--hidden 384 --layers 8 ...]
+    eagle3 train --target WORK/target --data WORK/train.txt --out WORK/draft ...
+    python -m eagle3_ext.models.recipe prompts   --out WORK [--count 48]
+    python -m eagle3_ext.models.recipe install   --out WORK     (copies target, draft, prompts into the package)
+
+Held-out modules (``HELD_OUT``) never enter the training text: they are the evaluation set and
+the source of the benchmark prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import sysconfig
+import time
+from typing import Dict, List, Sequence
+
+import torch
+
+SKIPPED_DIRS = {"test", "tests", "site-packages", "idlelib", "__pycache__", "lib2to3", "turtledemo", "tkinter",
+                "ensurepip", "pydoc_data"}
+HELD_OUT = ("json", "csv", "textwrap", "fractions", "statistics", "heapq", "bisect", "shlex", "glob", "fnmatch")
+
+
+def collect_corpus(out: str, stdlib: str | None = None, held_out: Sequence[str] = HELD_OUT) -> Dict[str, object]:
+    """Writes train.txt and eval.txt (files separated by blank lines) and corpus.json."""
+    root = stdlib or sysconfig.get_paths()["stdlib"]
+    train, held, files = [], [], []
+    for path, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
+        for name in sorted(names):
+            if not name.endswith(".py"):
+                continue
+            full = os.path.join(path, name)
+            rel = os.path.relpath(full, root)
+            module = rel.split(os.sep)[0].removesuffix(".py")
+            try:
+                with open(full, encoding="utf-8") as f:
+                    text = f.read()
+            except (UnicodeDecodeError, OSError):
+                continue
+            (held if module in held_out else train).append(text)
+            files.append({"file": rel, "bytes": len(text.encode()), "split": "eval" if module in held_out else "train"})
+    if not train or not held:
+        raise ValueError(f"no Python sources found under {root} (train {len(train)}, held out {len(held)})")
+    os.makedirs(out, exist_ok=True)
+    for name, texts in (("train.txt", train), ("eval.txt", held)):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            f.write("\n\n".join(texts))
+    manifest = {"stdlib": root, "python": sys.version.split()[0], "held_out": list(held_out),
+                "train_files": len(train), "eval_files": len(held),
+                "train_bytes": sum(x["bytes"] for x in files if x["split"] == "train"),
+                "eval_bytes": sum(x["bytes"] for x in files if x["split"] == "eval"), "files": files}
+    with open(os.path.join(out, "corpus.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+def train_tokenizer(out: str, vocab_size: int = 8192) -> str:
+    """A byte-level BPE tokenizer trained on train.txt, saved to OUT/tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    with open(os.path.join(out, "train.txt"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    tok.train_from_iterator(lines, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    path = os.path.join(out, "tokenizer")
+    fast.save_pretrained(path)
+    return path
+
+
+def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int = 8, heads: int = 6,
+                 kv_heads: int = 2, intermediate: int = 1024, seq_len: int = 256, batch: int = 16,
+                 lr: float = 1e-3, max_steps: int | None = None, seed: int = 0) -> Dict[str, object]:
+    """Trains a LlamaForCausalLM from scratch on train.txt for ``minutes`` (or ``max_steps``)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
+    with open(os.path.join(out, "train.txt"), encoding="utf-8") as f:
+        ids = torch.tensor(tok(f.read())["input_ids"], dtype=torch.long)
+    windows = ids.numel() // (seq_len + 1)
+    if windows < batch:
+        raise ValueError(f"train.txt gives {windows} windows of {seq_len + 1} tokens, fewer than a batch of {batch}")
+    data = ids[: windows * (seq_len + 1)].view(windows, seq_len + 1)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = random.Random(seed)
+    budget = minutes * 60
+    started = time.time()
+    step, losses = 0, []
+    total = max_steps or 10**9
+    model.train()
+    while step < total and time.time() - started < budget:
+        rows = torch.tensor([rng.randrange(windows) for _ in range(batch)])
+        x = data[rows]
+        progress = min(1.0, (time.time() - started) / budget) if max_steps is None else step / total
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * progress))
+        logits = model(input_ids=x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        step += 1
+        if step % 50 == 0:
+            print(f"target step {step}: loss {sum(losses[-50:]) / len(losses[-50:]):.3f} "
+                  f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+    model.eval()
+    path = os.path.join(out, "target")
+    model.to(torch.bfloat16).save_pretrained(path)
+    tok.save_pretrained(path)
+    summary = {"steps": step, "seconds": time.time() - started, "final_loss": sum(losses[-50:]) / max(1, len(losses[-50:])),
+               "parameters": sum(p.numel() for p in model.parameters()), "tokens_seen": step * batch * seq_len,
+               "train_tokens": int(ids.numel())}
+    with open(os.path.join(out, "target_training.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def make_prompts(out: str, count: int = 48, seed: int = 0) -> str:
+    """Benchmark prompts from the held-out modules: the first lines of functions and classes."""
+    with open(os.path.join(out, "eval.txt"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(("def ", "class ")) and line.rstrip().endswith(":")]
+    rng = random.Random(seed)
+    rng.shuffle(starts)
+    prompts = ["\n".join(lines[i:i + 3]) + "\n" for i in sorted(starts[:count])]
+    if not prompts:
+        raise ValueError("the held-out modules have no top-level def or class to prompt with")
+    path = os.path.join(out, "eval_prompts.jsonl")
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    return path
+
+
+def install(out: str, package_dir: str | None = None) -> None:
+    """Copies OUT/target, OUT/draft (eagle3_ext format) and the prompts into the package's models/."""
+    dest = package_dir or os.path.dirname(os.path.abspath(__file__))
+    for name in ("target", "draft"):
+        src = os.path.join(out, name)
+        if os.path.exists(os.path.join(dest, name)):
+            shutil.rmtree(os.path.join(dest, name))
+        shutil.copytree(src, os.path.join(dest, name), ignore=shutil.ignore_patterns("checkpoint", "specforge"))
+    shutil.copy(os.path.join(out, "eval_prompts.jsonl"), os.path.join(dest, "eval_prompts.jsonl"))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["corpus", "tokenizer", "target", "prompts", "install"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--hidden", type=int, default=384)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=1024)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--count", type=int, default=48)
+    p.add_argument("--stdlib", help="source directory (default: this interpreter's standard library)")
+    args = p.parse_args(argv)
+    if args.step == "corpus":
+        m = collect_corpus(args.out, args.stdlib)
+        print(f"train: {m['train_files']} files, {m['train_bytes']} bytes; eval: {m['eval_files']} files")
+    elif args.step == "tokenizer":
+        print(train_tokenizer(args.out, args.vocab_size))
+    elif args.step == "target":
+        print(json.dumps(train_target(args.out, args.minutes, args.hidden, args.layers, args.heads, args.kv_heads,
+                                      args.intermediate, args.seq_len, args.batch, max_steps=args.max_steps)))
+    elif args.step == "prompts":
+        print(make_prompts(args.out, args.count))
+    else:
+        install(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
