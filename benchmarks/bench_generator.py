@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -56,6 +55,7 @@ def main(argv=None) -> int:
         parser.error("give both --target and --draft, or neither")
 
     from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+    from eagle3_ext.engine.bench import hf_generate
     from eagle3_ext.engine.run import load_pair
 
     workdir = tempfile.mkdtemp()
@@ -65,12 +65,8 @@ def main(argv=None) -> int:
     prompts = [line for line in corpus(args.prompts, seed=7).splitlines()][: args.prompts]
 
     def hf(prompt):
-        enc = tok(prompt, return_tensors="pt")
-        target.set_attn_implementation("sdpa")
-        t = time.perf_counter()
-        out = target.generate(**enc, max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=None,
-                              pad_token_id=tok.pad_token_id)
-        return out[0, enc["input_ids"].shape[1]:].tolist(), time.perf_counter() - t
+        rows, seconds = hf_generate(target, tok, [prompt], args.max_new_tokens, stop_at_eos=False)
+        return rows[0], seconds
 
     report = {"benchmark": "generator", "target": target_dir, "threads": torch.get_num_threads(),
               "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "results": []}

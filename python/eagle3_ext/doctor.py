@@ -220,24 +220,17 @@ class Doctor:
         """acc_i, expected acceptance length and mean soft cross-entropy of the draft reading
         target layers ``ids``."""
         from .engine.capture import AuxHiddenCapture
-        from .train.ttt import expected_acceptance_length, ttt_forward
+        from .train.ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
 
         draft = self.draft
         draft.bind_embeddings(self.target.get_input_embeddings())
-        correct = [0] * self.steps
-        counted = [0] * self.steps
-        losses = []
+        total = StepAccuracy(self.steps)
         with torch.no_grad(), AuxHiddenCapture(self.target, ids) as capture:
             for ids_t, loss_mask, valid in self._batches():
-                logits = self.target(input_ids=ids_t, attention_mask=valid.long()).logits
-                aux = [a.to(draft.fc.weight.dtype) for a in capture.take()]
+                logits, aux = target_pass(self.target, capture, ids_t, valid, draft.fc.weight.dtype)
                 stats = ttt_forward(draft, aux, logits, ids_t, loss_mask, valid, self.steps)
-                losses.append(sum(stats.step_loss) / len(stats.step_loss))
-                for i in range(self.steps):
-                    correct[i] += stats.correct[i]
-                    counted[i] += stats.counted[i]
-        acc = [c / n if n else 0.0 for c, n in zip(correct, counted)]
-        return acc, expected_acceptance_length(acc), sum(losses) / max(1, len(losses))
+                total.add(stats, sum(stats.step_loss) / len(stats.step_loss))
+        return total.acc, expected_acceptance_length(total.acc), total.mean_loss
 
     def empirical_checks(self) -> None:
         layers = target_dims(self.target.config)[0]

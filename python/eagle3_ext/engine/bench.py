@@ -58,14 +58,20 @@ def load_prompts(path: str) -> List[str]:
     return prompts
 
 
-def _hf_generate(target, tok, prompts: List[str], max_new: int, **extra):
+def hf_generate(target, tok, prompts: List[str], max_new: int, stop_at_eos: bool = True, **extra):
+    """Plain Hugging Face greedy generate with SDPA attention: (new tokens per prompt, seconds).
+
+    With ``stop_at_eos`` each row ends at the target's EOS (included); otherwise every row runs
+    to ``max_new`` tokens."""
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
     target.set_attn_implementation("sdpa")
+    if not stop_at_eos:
+        extra["eos_token_id"] = None
     started = time.perf_counter()
     with torch.no_grad():
         out = target.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id, **extra)
     elapsed = time.perf_counter() - started
-    eos = target.generation_config.eos_token_id
+    eos = target.generation_config.eos_token_id if stop_at_eos else None
     eos = set([eos] if isinstance(eos, int) else (eos or []))
     rows = []
     for row in out[:, enc["input_ids"].shape[1]:].tolist():
@@ -86,13 +92,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
     report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
                               "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}
-    _hf_generate(target, tok, prompts[:1], 4)  # warm-up
+    hf_generate(target, tok, prompts[:1], 4)  # warm-up
     for bs in cfg.batch_sizes:
         groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
         rows: Dict[str, Dict[str, Any]] = {}
         base_tokens, base_time, base_outputs = 0, 0.0, []
         for group in groups:
-            out, t = _hf_generate(target, tok, group, cfg.max_new_tokens)
+            out, t = hf_generate(target, tok, group, cfg.max_new_tokens)
             base_outputs += out
             base_tokens += sum(len(o) for o in out)
             base_time += t
@@ -101,7 +107,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
         if bs == 1:
             lookup_tokens, lookup_time, same = 0, 0.0, True
             for group, ref in zip(groups, base_outputs):
-                out, t = _hf_generate(target, tok, group, cfg.max_new_tokens,
+                out, t = hf_generate(target, tok, group, cfg.max_new_tokens,
                                       prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
                 lookup_tokens += len(out[0])
                 lookup_time += t

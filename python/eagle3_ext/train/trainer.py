@@ -18,7 +18,7 @@ from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layer
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from ..engine.capture import AuxHiddenCapture
 from .data import batches, collate, load_examples
-from .ttt import expected_acceptance_length, ttt_forward
+from .ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
 from .vocab import build_vocab_mapping
 
 logger = logging.getLogger(__name__)
@@ -173,27 +173,20 @@ class Trainer:
         ids, loss_mask, valid = collate(batch, self.pad_id)
         device = self.draft.fc.weight.device
         ids, loss_mask, valid = ids.to(device), loss_mask.to(device), valid.to(device)
-        with torch.no_grad(), self.capture:
-            logits = self.target(input_ids=ids, attention_mask=valid.long()).logits
-            aux = [a.float() for a in self.capture.take()]
+        with self.capture:
+            logits, aux = target_pass(self.target, self.capture, ids, valid, torch.float32)
         with torch.set_grad_enabled(train):
             return ttt_forward(self.draft, aux, logits, ids, loss_mask, valid, self.config.ttt_steps)
 
     def evaluate(self) -> Dict[str, Any]:
         self.draft.eval()
-        correct = [0] * self.config.ttt_steps
-        counted = [0] * self.config.ttt_steps
-        losses = []
+        total = StepAccuracy(self.config.ttt_steps)
         for batch in batches(self.val, self.config.batch_tokens, range(len(self.val))):
             stats = self._run_batch(batch, train=False)
-            losses.append(float(stats.loss))
-            for i in range(self.config.ttt_steps):
-                correct[i] += stats.correct[i]
-                counted[i] += stats.counted[i]
+            total.add(stats, float(stats.loss))
         self.draft.train()
-        acc = [c / n if n else 0.0 for c, n in zip(correct, counted)]
-        return {"step": self.state["step"], "val_loss": sum(losses) / max(1, len(losses)),
-                "acc": acc, "expected_acceptance_length": expected_acceptance_length(acc)}
+        return {"step": self.state["step"], "val_loss": total.mean_loss, "acc": total.acc,
+                "expected_acceptance_length": expected_acceptance_length(total.acc)}
 
     def _save(self, metrics: Dict[str, Any]) -> None:
         out = self.config.out

@@ -105,6 +105,38 @@ def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], tar
     return stats
 
 
+def target_pass(target, capture, input_ids: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype):
+    """The target's logits [B, T, V] and the captured aux hidden states (in ``dtype``) for a
+    right-padded batch, without gradients; ``capture`` is an attached AuxHiddenCapture."""
+    with torch.no_grad():
+        logits = target(input_ids=input_ids, attention_mask=valid.long()).logits
+        aux = [a.to(dtype) for a in capture.take()]
+    return logits, aux
+
+
+class StepAccuracy:
+    """Sums TTT results over batches: per-step accuracy acc_i and the mean batch loss."""
+
+    def __init__(self, steps: int):
+        self.correct = [0] * steps
+        self.counted = [0] * steps
+        self.losses: List[float] = []
+
+    def add(self, stats: TTTStats, loss: float) -> None:
+        self.losses.append(loss)
+        for i, (c, n) in enumerate(zip(stats.correct, stats.counted)):
+            self.correct[i] += c
+            self.counted[i] += n
+
+    @property
+    def acc(self) -> List[float]:
+        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counted)]
+
+    @property
+    def mean_loss(self) -> float:
+        return sum(self.losses) / max(1, len(self.losses))
+
+
 def expected_acceptance_length(acc: Sequence[float]) -> float:
     """1 + sum_i prod_{j<=i} acc_j: tokens per target forward of a chain draft whose step i is
     accepted with probability acc_i given the earlier ones were (bonus token included)."""
