@@ -44,9 +44,9 @@ install: $(STAMP)
 	  "-Ccmake.define.EAGLE3_CUDA_ARCHS=$(CUDA_ARCHS)"
 	$(PY) -c "import eagle3_ext, json; print(json.dumps(eagle3_ext.build_info()))"
 
-# The main job. Until the speculative generator lands this is the op benchmark.
+# The main job: speculative generation on the bundled default pair, against plain decoding.
 run: install
-	$(PY) benchmarks/bench_fused_aux_fc.py --quick
+	$(PY) -m eagle3_ext generate --baseline
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

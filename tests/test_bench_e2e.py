@@ -39,9 +39,10 @@ def test_sweep_names_the_fastest(pair, capsys):
     out = pair / "sweep"
     rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                    str(pair / "prompts.jsonl"), "--max-new-tokens", "8", "--sweep", "--tree", "2,1,3", "2,2,4",
-                   "--out", str(out)])
+                   "--num-prompts", "2", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "bench.json").read_text())
+    assert report["prompts"] == 2
     assert report["best"]["method"] in ("chain2", "tree2x2n4")
     assert "fastest on this machine" in capsys.readouterr().out
 
@@ -61,3 +62,6 @@ def test_bench_errors(pair, tmp_path, capsys):
     assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                      str(pair / "prompts.jsonl"), "--tree", "3x2"]) == 2
     assert "--tree takes DEPTH,TOPK,NODES" in capsys.readouterr().err
+    assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                     str(pair / "prompts.jsonl"), "--num-prompts", "0"]) == 2
+    assert "num_prompts must be positive, got 0" in capsys.readouterr().err

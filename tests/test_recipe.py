@@ -1,6 +1,8 @@
 import json
 import os
 
+import torch
+
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.bench import load_prompts
@@ -42,6 +44,8 @@ def test_recipe_end_to_end_at_toy_scale(tmp_path):
     summary = recipe.train_target(work, hidden=64, layers=4, heads=4, kv_heads=2, intermediate=128, seq_len=32,
                                   batch=4, max_steps=5)
     assert summary["steps"] == 5 and summary["parameters"] > 0
+    with open(os.path.join(work, "target", "config.json")) as f:
+        assert json.load(f)["tie_word_embeddings"] is True  # the lm_head shares the embedding (size cap)
     train(TrainConfig(target=os.path.join(work, "target"), data=[os.path.join(work, "train.txt")],
                       out=os.path.join(work, "draft"), ttt_steps=2, max_steps=3, batch_tokens=256, max_len=64,
                       progress=False, export_specforge=False, draft_vocab_size=200))
@@ -50,12 +54,15 @@ def test_recipe_end_to_end_at_toy_scale(tmp_path):
     assert prompts and all(p.startswith(("def ", "class ")) for p in prompts)
     package = tmp_path / "package"
     package.mkdir()
-    recipe.install(work, str(package))
+    sizes = recipe.install(work, str(package))
     assert sorted(os.listdir(package)) == ["draft", "eval_prompts.jsonl", "target"]
+    assert "draft/model.safetensors" in sizes and "target/model.safetensors" in sizes
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     target = AutoModelForCausalLM.from_pretrained(package / "target")
-    draft = Eagle3DraftModel.from_pretrained(str(package / "draft"), target_config=target.config).to(target.dtype)
+    draft = Eagle3DraftModel.from_pretrained(str(package / "draft"), target_config=target.config)
+    assert draft.fc.weight.dtype == torch.bfloat16  # shipped in bf16
+    draft = draft.to(target.dtype)
     tok = AutoTokenizer.from_pretrained(package / "target")
     out = SpeculativeGenerator(target, draft, TreeConfig.chain(2), tokenizer=tok).generate(prompts[0], max_new_tokens=4)
     assert 1 <= len(out.sequences[0]) <= 4

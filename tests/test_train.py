@@ -116,7 +116,25 @@ def test_vocab_mapping_picks_most_frequent():
         build_vocab_mapping(counts, 7)
 
 
+def test_mixed_precision_keeps_fp32_master_weights(workdir):
+    trainer = Trainer(config(workdir, "amp", amp="bfloat16", max_steps=4, eval_every=100))
+    result = trainer.train()
+    assert result.step == 4
+    assert all(p.dtype == torch.float32 for p in trainer.draft.parameters())
+    first, last = trainer.history[0], trainer.history[-1]
+    assert last["val_loss"] < first["val_loss"]  # bf16 matmuls still train
+
+
+def test_validation_share_is_capped(workdir):
+    assert len(Trainer(config(workdir, "cap", val_max_examples=2)).val) == 2
+    assert len(Trainer(config(workdir, "nocap")).val) > 2  # 10% of the data here
+
+
 def test_train_config_validation(workdir):
+    with pytest.raises(ValueError, match="amp must be None, 'bfloat16' or 'float16', got 'int8'"):
+        config(workdir, "x", amp="int8").validate()
+    with pytest.raises(ValueError, match="val_max_examples must be positive, got 0"):
+        config(workdir, "x", val_max_examples=0).validate()
     with pytest.raises(ValueError, match="dtype must be one of"):
         config(workdir, "x", dtype="int8").validate()
     with pytest.raises(ValueError, match=r"batch_tokens \(32\) must hold one sequence of max_len \(64\)"):

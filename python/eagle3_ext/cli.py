@@ -24,8 +24,13 @@ def _add_train(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch (sequences x longest)")
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the target's weights")
+    p.add_argument("--amp", choices=["bfloat16", "float16"],
+                   help="mixed precision: the draft's matmuls in this dtype (fp32 master weights and losses)")
     p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations and checkpoints")
+    p.add_argument("--val-examples", type=int, default=64,
+                   help="at most this many sequences (10%% of the data or fewer) are held out for evaluation")
     p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -39,7 +44,8 @@ def _run_train(args) -> int:
     config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
                          draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
                          lr=args.lr, batch_tokens=args.batch_tokens, max_len=args.max_len, dtype=args.dtype,
-                         eval_every=args.eval_every, max_steps=args.max_steps, seed=args.seed, resume=args.resume,
+                         amp=args.amp, eval_every=args.eval_every, val_max_examples=args.val_examples, max_steps=args.max_steps,
+                         seed=args.seed, resume=args.resume,
                          export_specforge=not args.no_specforge_export)
     result = train(config)
     if args.json:
@@ -101,8 +107,7 @@ def _run_generate(args) -> int:
         return 0 if report.get("identical") is not False else 1
     if args.json:
         print(json.dumps(report))
-    else:
-        print(report["text"])
+    else:  # the completion was streamed to stdout as it was accepted
         print("", file=sys.stderr)
         line = (f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards: acceptance length "
                 f"{report['acceptance_length']:.2f}, {report['tokens_per_s']:.1f} tokens/s")
@@ -117,8 +122,8 @@ def _run_generate(args) -> int:
 
 def _add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="find why a draft's acceptance is low (aux layers, d2t, config)")
-    p.add_argument("--target", required=True, help="target model directory")
-    p.add_argument("--draft", required=True, help="draft directory")
+    p.add_argument("--target", help="target model directory (default: the bundled model)")
+    p.add_argument("--draft", help="draft directory (default: the bundled draft)")
     p.add_argument("--data", nargs="+", help="sample text or JSONL files (default: a bundled code sample)")
     p.add_argument("--steps", type=int, default=3, help="draft positions measured (acc_0 .. acc_{steps-1})")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -126,8 +131,9 @@ def _add_doctor(sub) -> None:
 
 def _run_doctor(args) -> int:
     from .doctor import diagnose
+    from .engine.run import resolve_models
 
-    report = diagnose(args.target, args.draft, args.data, steps=args.steps)
+    report = diagnose(*resolve_models(args.target, args.draft), args.data, steps=args.steps)
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
@@ -149,6 +155,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--draft", help="draft directory (default: the bundled draft)")
     p.add_argument("--prompts", help="JSONL ({\"prompt\": ...}) or text file (blank-line separated prompts); "
                                      "default: the bundled evaluation set")
+    p.add_argument("--num-prompts", type=int, help="use only the first N prompts (e.g. to keep a sweep short)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES",
@@ -177,7 +184,7 @@ def _run_bench(args) -> int:
     from .engine.bench import BenchConfig, load_prompts, run_bench, run_sweep, sweep_configs
 
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
-                      batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype,
+                      batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, num_prompts=args.num_prompts,
                       prompts=load_prompts(args.prompts) if args.prompts else None)
     if args.tree:
         cfg.configs = _parse_trees(args.tree)

@@ -188,8 +188,9 @@ class Doctor:
             self._add("rope", "warning", f"rope scaling differs: draft {cfg.rope_scaling}, target {target_scaling}")
         w_dtype = draft.fc.weight.dtype
         t_dtype = self.target.get_input_embeddings().weight.dtype
-        if w_dtype != t_dtype:
-            self._add("dtype", "warning", f"draft weights are {w_dtype}, the target runs in {t_dtype}")
+        if w_dtype != t_dtype:  # measured the way eagle3 generate runs it: in the target's dtype
+            self._add("dtype", "ok", f"draft weights are saved as {w_dtype}; measured in the target's {t_dtype}")
+            draft = self.draft = draft.to(t_dtype)
         return draft
 
     def _load_ignoring_ids(self) -> Optional[Eagle3DraftModel]:

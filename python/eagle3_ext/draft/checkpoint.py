@@ -118,7 +118,8 @@ def load_draft(cls, path: str, target_config: Any = None):
     if resolution.ids is not None:
         bound = target_layers if target_layers is not None else max(0, *resolution.ids)
         check_aux_layers(resolution.ids, bound, int(state["fc.weight"].shape[1]), config.target_hidden_size)
-    model = cls(config)
+    # Like transformers' dtype="auto": the draft comes back in the dtype it was saved in.
+    model = cls(config).to(state["fc.weight"].dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or missing:
         raise ValueError(f"{path} ({fmt} format): unexpected weights {sorted(unexpected)}, missing "

@@ -37,6 +37,7 @@ class BenchConfig:
     target: Optional[str] = None
     draft: Optional[str] = None
     prompts: Optional[List[str]] = None       # texts; default: the prompts of the bundled evaluation set
+    num_prompts: Optional[int] = None         # only the first N of them
     max_new_tokens: int = 128
     batch_sizes: Sequence[int] = (1, 4)
     configs: Dict[str, TreeConfig] = field(default_factory=lambda: dict(DEFAULT_CONFIGS))
@@ -84,11 +85,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     from .generator import SpeculativeGenerator
     from .run import load_pair, resolve_models
 
-    target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
-    target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype)
-    prompts = cfg.prompts or _bundled_prompts()
     if any(b < 1 for b in cfg.batch_sizes):
         raise ValueError(f"batch sizes must be positive, got {list(cfg.batch_sizes)}")
+    if cfg.num_prompts is not None and cfg.num_prompts < 1:
+        raise ValueError(f"num_prompts must be positive, got {cfg.num_prompts}")
+    target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
+    target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype)
+    prompts = (cfg.prompts or _bundled_prompts())[:cfg.num_prompts]
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
     report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
                               "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}

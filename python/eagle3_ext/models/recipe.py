@@ -86,8 +86,8 @@ def train_tokenizer(out: str, vocab_size: int = 8192) -> str:
 
 
 def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int = 8, heads: int = 6,
-                 kv_heads: int = 2, intermediate: int = 1024, seq_len: int = 256, batch: int = 16,
-                 lr: float = 1e-3, max_steps: int | None = None, seed: int = 0) -> Dict[str, object]:
+                 kv_heads: int = 2, intermediate: int = 960, seq_len: int = 256, batch: int = 16,
+                 lr: float = 1e-3, max_steps: int | None = None, seed: int = 0, tie_embeddings: bool = True) -> Dict[str, object]:
     """Trains a LlamaForCausalLM from scratch on train.txt for ``minutes`` (or ``max_steps``)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -101,7 +101,7 @@ def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int
     data = ids[: windows * (seq_len + 1)].view(windows, seq_len + 1)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False,
+                         max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=tie_embeddings,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -157,15 +157,26 @@ def make_prompts(out: str, count: int = 48, seed: int = 0) -> str:
     return path
 
 
-def install(out: str, package_dir: str | None = None) -> None:
-    """Copies OUT/target, OUT/draft (eagle3_ext format) and the prompts into the package's models/."""
+def install(out: str, package_dir: str | None = None) -> Dict[str, int]:
+    """Copies OUT/target and the prompts into the package's models/ and writes OUT/draft there in
+    bfloat16 (training keeps fp32 master weights; bf16 halves what ships). Returns bytes per file."""
+    from ..draft import Eagle3DraftModel
+
     dest = package_dir or os.path.dirname(os.path.abspath(__file__))
     for name in ("target", "draft"):
-        src = os.path.join(out, name)
         if os.path.exists(os.path.join(dest, name)):
             shutil.rmtree(os.path.join(dest, name))
-        shutil.copytree(src, os.path.join(dest, name), ignore=shutil.ignore_patterns("checkpoint", "specforge"))
+    shutil.copytree(os.path.join(out, "target"), os.path.join(dest, "target"))
+    draft = Eagle3DraftModel.from_pretrained(os.path.join(out, "draft"))
+    draft.to(torch.bfloat16).save_pretrained(os.path.join(dest, "draft"))
     shutil.copy(os.path.join(out, "eval_prompts.jsonl"), os.path.join(dest, "eval_prompts.jsonl"))
+    sizes = {}
+    for root, _, names in os.walk(dest):
+        for n in names:
+            if n.endswith((".safetensors", ".json", ".jsonl")):
+                full = os.path.join(root, n)
+                sizes[os.path.relpath(full, dest)] = os.path.getsize(full)
+    return sizes
 
 
 def main(argv=None) -> int:
@@ -179,7 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--intermediate", type=int, default=1024)
+    p.add_argument("--intermediate", type=int, default=960)
+    p.add_argument("--untied", action="store_true", help="a separate lm_head (default: tied to the embedding, to fit the size cap)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--count", type=int, default=48)
@@ -192,11 +204,14 @@ def main(argv=None) -> int:
         print(train_tokenizer(args.out, args.vocab_size))
     elif args.step == "target":
         print(json.dumps(train_target(args.out, args.minutes, args.hidden, args.layers, args.heads, args.kv_heads,
-                                      args.intermediate, args.seq_len, args.batch, max_steps=args.max_steps)))
+                                      args.intermediate, args.seq_len, args.batch, max_steps=args.max_steps,
+                                      tie_embeddings=not args.untied)))
     elif args.step == "prompts":
         print(make_prompts(args.out, args.count))
     else:
-        install(args.out)
+        sizes = install(args.out)
+        weights = sum(v for k, v in sizes.items() if k.endswith(".safetensors"))
+        print(json.dumps({"files": sizes, "weights_bytes": weights}))
     return 0
 
 

@@ -41,8 +41,10 @@ class TrainConfig:
     warmup_steps: int = 20
     batch_tokens: int = 4096
     max_len: int = 512
-    dtype: str = "float32"
+    dtype: str = "float32"                     # the target's weights
+    amp: Optional[str] = None                  # "bfloat16" / "float16": draft matmuls under autocast
     val_fraction: float = 0.1
+    val_max_examples: int = 64                 # caps the held-out share so evaluation stays cheap
     eval_every: int = 50
     seed: int = 0
     resume: bool = False
@@ -53,7 +55,9 @@ class TrainConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for name in ("ttt_steps", "epochs", "batch_tokens", "max_len", "eval_every"):
+        if self.amp is not None and self.amp not in ("bfloat16", "float16"):
+            raise ValueError(f"amp must be None, 'bfloat16' or 'float16', got {self.amp!r}")
+        for name in ("ttt_steps", "epochs", "batch_tokens", "max_len", "eval_every", "val_max_examples"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -107,7 +111,8 @@ class Trainer:
         examples = load_examples(config.data, self.tokenizer, config.max_len)
         order = list(range(len(examples)))
         random.Random(config.seed).shuffle(order)
-        n_val = max(1, int(round(len(examples) * config.val_fraction))) if len(examples) > 1 else 0
+        n_val = min(config.val_max_examples, max(1, int(round(len(examples) * config.val_fraction))))
+        n_val = n_val if len(examples) > 1 else 0
         self.val = [examples[i] for i in order[:n_val]]
         self.train_set = [examples[i] for i in order[n_val:]]
         if not self.train_set:
@@ -175,7 +180,9 @@ class Trainer:
         ids, loss_mask, valid = ids.to(device), loss_mask.to(device), valid.to(device)
         with self.capture:
             logits, aux = target_pass(self.target, self.capture, ids, valid, torch.float32)
-        with torch.set_grad_enabled(train):
+        amp = DTYPES[self.config.amp] if self.config.amp else None
+        # Master weights and the losses stay fp32; autocast runs the draft's matmuls in ``amp``.
+        with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             return ttt_forward(self.draft, aux, logits, ids, loss_mask, valid, self.config.ttt_steps)
 
     def evaluate(self) -> Dict[str, Any]:
