@@ -65,3 +65,17 @@ def test_bench_errors(pair, tmp_path, capsys):
     assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                      str(pair / "prompts.jsonl"), "--num-prompts", "0"]) == 2
     assert "num_prompts must be positive, got 0" in capsys.readouterr().err
+
+
+def test_draft_runs_in_its_own_dtype(pair, capsys):
+    from eagle3_ext.engine.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(target=str(pair / "target"), draft=str(pair / "draft"), prompts=["def print return"],
+                      max_new_tokens=8, batch_sizes=(1,), out=str(pair / "bf16"), draft_dtype="bfloat16")
+    cfg.configs = {"chain3": cfg.configs["chain5"].chain(3)}
+    report = run_bench(cfg, progress=False)
+    assert report["dtype"] == "float32" and report["draft_dtype"] == "bfloat16"
+    assert all(r["identical"] for r in report["runs"][0]["results"])  # the target alone decides the tokens
+    cfg.draft_dtype = "int8"
+    with pytest.raises(ValueError, match="draft_dtype must be one of float32, bfloat16, float16, got 'int8'"):
+        run_bench(cfg, progress=False)

@@ -1,6 +1,7 @@
 import json
 import os
 
+import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
@@ -46,7 +47,12 @@ def test_recipe_end_to_end_at_toy_scale(tmp_path):
     assert summary["steps"] == 5 and summary["parameters"] > 0
     with open(os.path.join(work, "target", "config.json")) as f:
         assert json.load(f)["tie_word_embeddings"] is True  # the lm_head shares the embedding (size cap)
-    train(TrainConfig(target=os.path.join(work, "target"), data=[os.path.join(work, "train.txt")],
+    gen = recipe.self_generate(work, count=3, prefix_tokens=8, new_tokens=6, batch=2)
+    assert gen["sequences"] == 3
+    with open(os.path.join(work, "generated.jsonl")) as f:
+        assert len([json.loads(line)["text"] for line in f]) == 3
+    train(TrainConfig(target=os.path.join(work, "target"),
+                      data=[os.path.join(work, "train.txt"), os.path.join(work, "generated.jsonl")],
                       out=os.path.join(work, "draft"), ttt_steps=2, max_steps=3, batch_tokens=256, max_len=64,
                       progress=False, export_specforge=False, draft_vocab_size=200))
     prompts_path = recipe.make_prompts(work, count=4)
@@ -55,7 +61,10 @@ def test_recipe_end_to_end_at_toy_scale(tmp_path):
     package = tmp_path / "package"
     package.mkdir()
     sizes = recipe.install(work, str(package))
-    assert sorted(os.listdir(package)) == ["draft", "eval_prompts.jsonl", "target"]
+    assert sorted(os.listdir(package)) == ["draft", "eval_prompts.jsonl", "recipe", "target"]
+    assert "corpus.json" in os.listdir(package / "recipe")
+    with pytest.raises(ValueError, match="count, prefix_tokens, new_tokens and batch must be positive"):
+        recipe.self_generate(work, count=0)
     assert "draft/model.safetensors" in sizes and "target/model.safetensors" in sizes
 
     from transformers import AutoModelForCausalLM, AutoTokenizer

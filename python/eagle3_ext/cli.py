@@ -76,7 +76,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", action="store_true",
                    help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the target's dtype (the numbers that decide the output)")
+    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"],
+                   help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
     p.add_argument("--tp-timeout", type=float, default=120.0,
                    help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
     p.add_argument("--check-ranks", action="store_true",
@@ -100,7 +103,7 @@ def _run_generate(args) -> int:
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, depth=args.depth, topk=args.topk,
                               num_draft_tokens=args.num_draft_tokens, chain=args.chain, attention=args.attention,
-                              seed=args.seed, baseline=args.baseline, dtype=args.dtype,
+                              seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks)
     report = run_generate(request, progress=not args.json)
     if rank() != 0:  # only rank 0 reports
@@ -162,7 +165,10 @@ def _add_bench(sub) -> None:
                    help="tree configurations to run (default: chain5, 5,4,16 and 6,8,32)")
     p.add_argument("--sweep", action="store_true", help="try a grid of depth / topk / num_draft_tokens at batch 1")
     p.add_argument("--out", default="bench-results/e2e", help="directory for bench.json, bench.md, bench.png")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the target's dtype (the numbers that decide the output)")
+    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"],
+                   help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
@@ -184,7 +190,8 @@ def _run_bench(args) -> int:
     from .engine.bench import BenchConfig, load_prompts, run_bench, run_sweep, sweep_configs
 
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
-                      batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, num_prompts=args.num_prompts,
+                      batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
+                      num_prompts=args.num_prompts,
                       prompts=load_prompts(args.prompts) if args.prompts else None)
     if args.tree:
         cfg.configs = _parse_trees(args.tree)

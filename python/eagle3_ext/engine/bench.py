@@ -44,6 +44,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     out: str = "bench-results/e2e"
     dtype: str = "float32"
+    draft_dtype: Optional[str] = None         # None: as the draft was saved
 
 
 def load_prompts(path: str) -> List[str]:
@@ -90,10 +91,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     if cfg.num_prompts is not None and cfg.num_prompts < 1:
         raise ValueError(f"num_prompts must be positive, got {cfg.num_prompts}")
     target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
-    target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype)
+    target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype, cfg.draft_dtype)
     prompts = (cfg.prompts or _bundled_prompts())[:cfg.num_prompts]
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
     report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
+                              "dtype": str(target.dtype).removeprefix("torch."),
+                              "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
                               "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}
     hf_generate(target, tok, prompts[:1], 4)  # warm-up
     for bs in cfg.batch_sizes:
@@ -154,7 +157,8 @@ def _bundled_prompts() -> List[str]:
 
 def markdown(report: Dict[str, Any]) -> str:
     lines = [f"Target {report['target']}, draft {report['draft']}, {report['prompts']} prompts, "
-             f"{report['max_new_tokens']} new tokens, {report['threads']} threads.", ""]
+             f"{report['max_new_tokens']} new tokens, {report['threads']} threads, target "
+             f"{report.get('dtype', '?')}, draft {report.get('draft_dtype', '?')}.", ""]
     for run in report["runs"]:
         lines += [f"**batch {run['batch_size']}**", "",
                   "| method | tokens/s | speedup vs HF generate | acceptance length | per-depth acceptance | identical |",

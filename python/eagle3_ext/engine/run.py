@@ -35,6 +35,7 @@ class GenerateRequest:
     seed: int = 0
     baseline: bool = False
     dtype: str = "float32"
+    draft_dtype: Optional[str] = None   # None: as the draft was saved
     check_ranks: bool = False
 
     def tree(self) -> TreeConfig:
@@ -56,20 +57,27 @@ def resolve_models(target: Optional[str], draft: Optional[str]):
     return target, draft
 
 
-def load_pair(target_dir: str, draft_dir: str, dtype: str):
+def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional[str] = None):
+    """Target in ``dtype``; the draft in ``draft_dtype`` (None: as saved). The draft's dtype
+    changes only how well it guesses, never the output: the target's numbers decide."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..draft import Eagle3DraftModel
 
     from ..distributed import tp
 
+    for name, value in (("dtype", dtype), ("draft_dtype", draft_dtype)):
+        if value is not None and value not in DTYPES:
+            raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
     torch_dtype = DTYPES[dtype]
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     if tp.is_distributed():
         target = tp.load_target(target_dir, torch_dtype).eval()
     else:
         target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype).eval()
-    draft = Eagle3DraftModel.from_pretrained(draft_dir, target_config=target.config).to(torch_dtype)
+    draft = Eagle3DraftModel.from_pretrained(draft_dir, target_config=target.config)
+    if draft_dtype is not None:
+        draft = draft.to(DTYPES[draft_dtype])
     return target, draft, tokenizer
 
 
@@ -77,10 +85,8 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     from ..distributed import tp
     from .generator import SpeculativeGenerator
 
-    if req.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {req.dtype!r}")
     target_dir, draft_dir = resolve_models(req.target, req.draft)
-    target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype)
+    target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
     gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
                                check_ranks=req.check_ranks or None)
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT

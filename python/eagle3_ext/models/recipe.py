@@ -4,7 +4,8 @@ Python standard library that ships with the interpreter, then its EAGLE-3 draft.
     python -m eagle3_ext.models.recipe corpus    --out WORK
     python -m eagle3_ext.models.recipe tokenizer --out WORK [--vocab-size 8192]
     python -m eagle3_ext.models.recipe target    --out WORK [--minutes 60] [--hidden 384 --layers 8 ...]
-    eagle3 train --target WORK/target --data WORK/train.txt --out WORK/draft ...
+    python -m eagle3_ext.models.recipe generate  --out WORK [--count 1536]   (the target's own greedy text)
+    eagle3 train --target WORK/target --data WORK/train.txt WORK/generated.jsonl --out WORK/draft ...
     python -m eagle3_ext.models.recipe prompts   --out WORK [--count 48]
     python -m eagle3_ext.models.recipe install   --out WORK     (copies target, draft, prompts into the package)
 
@@ -57,7 +58,8 @@ def collect_corpus(out: str, stdlib: str | None = None, held_out: Sequence[str] 
     for name, texts in (("train.txt", train), ("eval.txt", held)):
         with open(os.path.join(out, name), "w", encoding="utf-8") as f:
             f.write("\n\n".join(texts))
-    manifest = {"stdlib": root, "python": sys.version.split()[0], "held_out": list(held_out),
+    # The source directory by name only (its location is the machine's business).
+    manifest = {"stdlib": os.path.basename(os.path.normpath(root)), "python": sys.version.split()[0], "held_out": list(held_out),
                 "train_files": len(train), "eval_files": len(held),
                 "train_bytes": sum(x["bytes"] for x in files if x["split"] == "train"),
                 "eval_bytes": sum(x["bytes"] for x in files if x["split"] == "eval"), "files": files}
@@ -140,6 +142,40 @@ def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int
     return summary
 
 
+def self_generate(out: str, count: int = 1536, prefix_tokens: int = 64, new_tokens: int = 256, batch: int = 32,
+                  seed: int = 0) -> Dict[str, object]:
+    """Greedy continuations by the target of random prefixes of train.txt, as OUT/generated.jsonl.
+
+    The draft meets the target's own greedy text at inference; training on some of it (next to
+    the corpus) puts the draft's inputs and the target's labels on that distribution."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if min(count, prefix_tokens, new_tokens, batch) < 1:
+        raise ValueError(f"count, prefix_tokens, new_tokens and batch must be positive, got {count}, "
+                         f"{prefix_tokens}, {new_tokens}, {batch}")
+    path = os.path.join(out, "target")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    with open(os.path.join(out, "train.txt"), encoding="utf-8") as f:
+        ids = tok(f.read())["input_ids"]
+    if len(ids) <= prefix_tokens:
+        raise ValueError(f"train.txt has {len(ids)} tokens, not more than one prefix of {prefix_tokens}")
+    rng = random.Random(seed)
+    starts = [rng.randrange(len(ids) - prefix_tokens) for _ in range(count)]
+    started = time.time()
+    written = 0
+    with open(os.path.join(out, "generated.jsonl"), "w") as f, torch.no_grad():
+        for i in range(0, count, batch):
+            prefixes = torch.tensor([ids[s:s + prefix_tokens] for s in starts[i:i + batch]])
+            seqs = model.generate(input_ids=prefixes, attention_mask=torch.ones_like(prefixes), do_sample=False,
+                                  max_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
+            for row in seqs.tolist():
+                f.write(json.dumps({"text": tok.decode(row, skip_special_tokens=True)}) + "\n")
+                written += 1
+            print(f"generated {written}/{count} ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+    return {"sequences": written, "tokens": written * (prefix_tokens + new_tokens), "seconds": time.time() - started}
+
+
 def make_prompts(out: str, count: int = 48, seed: int = 0) -> str:
     """Benchmark prompts from the held-out modules: the first lines of functions and classes."""
     with open(os.path.join(out, "eval.txt"), encoding="utf-8") as f:
@@ -170,6 +206,13 @@ def install(out: str, package_dir: str | None = None) -> Dict[str, int]:
     draft = Eagle3DraftModel.from_pretrained(os.path.join(out, "draft"))
     draft.to(torch.bfloat16).save_pretrained(os.path.join(dest, "draft"))
     shutil.copy(os.path.join(out, "eval_prompts.jsonl"), os.path.join(dest, "eval_prompts.jsonl"))
+    # The record of how the pair was made: the corpus manifest and both training logs.
+    record = os.path.join(dest, "recipe")
+    os.makedirs(record, exist_ok=True)
+    for src, name in (("corpus.json", "corpus.json"), ("target_training.json", "target_training.json"),
+                      (os.path.join("draft", "metrics.json"), "draft_training.json")):
+        if os.path.exists(os.path.join(out, src)):
+            shutil.copy(os.path.join(out, src), os.path.join(record, name))
     sizes = {}
     for root, _, names in os.walk(dest):
         for n in names:
@@ -181,7 +224,7 @@ def install(out: str, package_dir: str | None = None) -> Dict[str, int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["corpus", "tokenizer", "target", "prompts", "install"])
+    p.add_argument("step", choices=["corpus", "tokenizer", "target", "generate", "prompts", "install"])
     p.add_argument("--out", required=True)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--minutes", type=float, default=60.0)
@@ -194,7 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--untied", action="store_true", help="a separate lm_head (default: tied to the embedding, to fit the size cap)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--count", type=int, default=48)
+    p.add_argument("--count", type=int, help="prompts (default 48) or generated sequences (default 1536)")
+    p.add_argument("--new-tokens", type=int, default=256, help="generate: tokens per continuation")
     p.add_argument("--stdlib", help="source directory (default: this interpreter's standard library)")
     args = p.parse_args(argv)
     if args.step == "corpus":
@@ -206,8 +250,10 @@ def main(argv=None) -> int:
         print(json.dumps(train_target(args.out, args.minutes, args.hidden, args.layers, args.heads, args.kv_heads,
                                       args.intermediate, args.seq_len, args.batch, max_steps=args.max_steps,
                                       tie_embeddings=not args.untied)))
+    elif args.step == "generate":
+        print(json.dumps(self_generate(args.out, args.count or 1536, new_tokens=args.new_tokens)))
     elif args.step == "prompts":
-        print(make_prompts(args.out, args.count))
+        print(make_prompts(args.out, args.count or 48))
     else:
         sizes = install(args.out)
         weights = sum(v for k, v in sizes.items() if k.endswith(".safetensors"))
