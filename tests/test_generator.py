@@ -52,6 +52,16 @@ def test_greedy_is_token_identical(trained, tree, attention):
         assert gen.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences == [want]
 
 
+def test_tree_attention_survives_a_switch_to_sdpa(trained):
+    # A plain target.generate with SDPA between speculative calls (as a benchmark does) must not
+    # leave the verify forward ignoring the tree mask.
+    arch, target, tok, draft = trained
+    gen = SpeculativeGenerator(target, draft, TreeConfig(5, 4, 16), tokenizer=tok)
+    target.set_attn_implementation("sdpa")
+    expected = hf_greedy(target, tok, PROMPTS[:1], 24)
+    assert gen.generate(PROMPTS[0], max_new_tokens=24, eos_token_id=[]).sequences == expected
+
+
 def test_stop_at_eos_and_stop_strings(trained):
     _, target, tok, draft = trained
     gen = SpeculativeGenerator(target, draft, TREES[1], tokenizer=tok)

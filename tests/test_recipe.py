@@ -1,4 +1,5 @@
 import json
+import math
 import os
 
 import pytest
@@ -47,6 +48,8 @@ def test_recipe_end_to_end_at_toy_scale(tmp_path):
     assert summary["steps"] == 5 and summary["parameters"] > 0
     with open(os.path.join(work, "target", "config.json")) as f:
         assert json.load(f)["tie_word_embeddings"] is True  # the lm_head shares the embedding (size cap)
+    ev = recipe.evaluate_target(work, seq_len=16, batch=4)
+    assert ev["held_out_tokens"] > 0 and ev["held_out_perplexity"] == pytest.approx(math.exp(ev["held_out_loss"]))
     gen = recipe.self_generate(work, count=3, prefix_tokens=8, new_tokens=6, batch=2)
     assert gen["sequences"] == 3
     with open(os.path.join(work, "generated.jsonl")) as f:

@@ -112,7 +112,9 @@ def _run_generate(args) -> int:
         print(json.dumps(report))
     else:  # the completion was streamed to stdout as it was accepted
         print("", file=sys.stderr)
-        line = (f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards: acceptance length "
+        tree = report["tree"]
+        line = (f"tree depth {tree['depth']} topk {tree['topk']} nodes {tree['num_draft_tokens']}: "
+                f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards, acceptance length "
                 f"{report['acceptance_length']:.2f}, {report['tokens_per_s']:.1f} tokens/s")
         if args.baseline:
             line += (f"; plain decoding {report['baseline_tokens_per_s']:.1f} tokens/s, speedup "

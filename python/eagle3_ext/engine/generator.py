@@ -70,9 +70,7 @@ class SpeculativeGenerator:
         draft.bind_embeddings(target.get_input_embeddings())
         self.capture = AuxHiddenCapture(target, draft.aux_layer_ids)
         self.use_tree_attention = attention == "tree"
-        if self.use_tree_attention:
-            from .. import hf_attention
-            target.set_attn_implementation(hf_attention.register())
+        self._ensure_tree_attention()
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
 
@@ -125,6 +123,7 @@ class SpeculativeGenerator:
         ``put`` / ``end`` calls like Hugging Face streamers (batch 1).
         """
         sampling = SamplingConfig(temperature, top_p, top_k)
+        self._ensure_tree_attention()
         ids = self._prompt_ids(prompts)
         self._check_prompts(ids, max_new_tokens)
         if stop and self.tokenizer is None:
@@ -244,6 +243,16 @@ class SpeculativeGenerator:
         if self.tokenizer is not None:
             text = [self.tokenizer.decode(e, skip_special_tokens=True) for e in emitted]
         return GenerationOutput(sequences=emitted, stats=stats, text=text, finish_reasons=reasons)
+
+    def _ensure_tree_attention(self) -> None:
+        # Anything may switch the target's attention back (a plain target.generate with SDPA,
+        # user code); under SDPA the tree keywords would be ignored and every tree token would
+        # see all earlier ones. So it is checked on every call, not only at construction.
+        if not self.use_tree_attention:
+            return
+        from .. import hf_attention
+        if getattr(self.target.config, "_attn_implementation", None) != hf_attention.ATTENTION_NAME:
+            self.target.set_attn_implementation(hf_attention.register())
 
     def _check_capture_width(self, aux_hidden: List[torch.Tensor]) -> None:
         hidden = self.draft.config.target_hidden_size

@@ -93,7 +93,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     streamer = None
     if progress and tp.rank() == 0:
         from transformers import TextStreamer
-        streamer = TextStreamer(tokenizer, skip_prompt=True)
+        streamer = TextStreamer(tokenizer, skip_prompt=False)  # the prompt, then the completion
     # A short warm-up so one-time costs (allocator, first kernel calls) hit neither side.
     gen.generate(prompt, max_new_tokens=4, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                  seed=req.seed)

@@ -4,6 +4,7 @@ Python standard library that ships with the interpreter, then its EAGLE-3 draft.
     python -m eagle3_ext.models.recipe corpus    --out WORK
     python -m eagle3_ext.models.recipe tokenizer --out WORK [--vocab-size 8192]
     python -m eagle3_ext.models.recipe target    --out WORK [--minutes 60] [--hidden 384 --layers 8 ...]
+    python -m eagle3_ext.models.recipe evaluate  --out WORK                  (held-out loss and perplexity)
     python -m eagle3_ext.models.recipe generate  --out WORK [--count 1536]   (the target's own greedy text)
     eagle3 train --target WORK/target --data WORK/train.txt WORK/generated.jsonl --out WORK/draft ...
     python -m eagle3_ext.models.recipe prompts   --out WORK [--count 48]
@@ -142,6 +143,32 @@ def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int
     return summary
 
 
+def evaluate_target(out: str, seq_len: int = 256, batch: int = 16) -> Dict[str, object]:
+    """The target's loss and perplexity on the held-out modules (eval.txt), as OUT/target_eval.json."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = os.path.join(out, "target")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with open(os.path.join(out, "eval.txt"), encoding="utf-8") as f:
+        ids = torch.tensor(tok(f.read())["input_ids"], dtype=torch.long)
+    windows = ids.numel() // (seq_len + 1)
+    if windows < 1:
+        raise ValueError(f"eval.txt has {ids.numel()} tokens, fewer than one window of {seq_len + 1}")
+    data = ids[: windows * (seq_len + 1)].view(windows, seq_len + 1)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, windows, batch):
+            x = data[i:i + batch]
+            logits = model(input_ids=x[:, :-1]).logits
+            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum"))
+            count += x[:, 1:].numel()
+    result = {"held_out_tokens": count, "held_out_loss": total / count, "held_out_perplexity": math.exp(total / count)}
+    with open(os.path.join(out, "target_eval.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
 def self_generate(out: str, count: int = 1536, prefix_tokens: int = 64, new_tokens: int = 256, batch: int = 32,
                   seed: int = 0) -> Dict[str, object]:
     """Greedy continuations by the target of random prefixes of train.txt, as OUT/generated.jsonl.
@@ -183,7 +210,8 @@ def make_prompts(out: str, count: int = 48, seed: int = 0) -> str:
     starts = [i for i, line in enumerate(lines) if line.startswith(("def ", "class ")) and line.rstrip().endswith(":")]
     rng = random.Random(seed)
     rng.shuffle(starts)
-    prompts = ["\n".join(lines[i:i + 3]) + "\n" for i in sorted(starts[:count])]
+    # In shuffled order, so that the first N prompts are a random sample of the set.
+    prompts = ["\n".join(lines[i:i + 3]) + "\n" for i in starts[:count]]
     if not prompts:
         raise ValueError("the held-out modules have no top-level def or class to prompt with")
     path = os.path.join(out, "eval_prompts.jsonl")
@@ -210,6 +238,7 @@ def install(out: str, package_dir: str | None = None) -> Dict[str, int]:
     record = os.path.join(dest, "recipe")
     os.makedirs(record, exist_ok=True)
     for src, name in (("corpus.json", "corpus.json"), ("target_training.json", "target_training.json"),
+                      ("target_eval.json", "target_eval.json"),
                       (os.path.join("draft", "metrics.json"), "draft_training.json")):
         if os.path.exists(os.path.join(out, src)):
             shutil.copy(os.path.join(out, src), os.path.join(record, name))
@@ -224,7 +253,8 @@ def install(out: str, package_dir: str | None = None) -> Dict[str, int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["corpus", "tokenizer", "target", "generate", "prompts", "install"])
+    p.add_argument("step", choices=["corpus", "tokenizer", "target", "evaluate", "generate", "prompts",
+                                        "install"])
     p.add_argument("--out", required=True)
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--minutes", type=float, default=60.0)
@@ -250,6 +280,8 @@ def main(argv=None) -> int:
         print(json.dumps(train_target(args.out, args.minutes, args.hidden, args.layers, args.heads, args.kv_heads,
                                       args.intermediate, args.seq_len, args.batch, max_steps=args.max_steps,
                                       tie_embeddings=not args.untied)))
+    elif args.step == "evaluate":
+        print(json.dumps(evaluate_target(args.out)))
     elif args.step == "generate":
         print(json.dumps(self_generate(args.out, args.count or 1536, new_tokens=args.new_tokens)))
     elif args.step == "prompts":
