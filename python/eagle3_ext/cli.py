@@ -10,6 +10,8 @@ import logging
 import sys
 from typing import List, Optional
 
+from .dtypes import DTYPES
+
 
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft head for a Hugging Face target")
@@ -24,7 +26,7 @@ def _add_train(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch (sequences x longest)")
     p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="dtype of the target's weights")
     p.add_argument("--amp", choices=["bfloat16", "float16"],
                    help="mixed precision: the draft's matmuls in this dtype (fp32 master weights and losses)")
@@ -76,9 +78,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", action="store_true",
                    help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="the target's dtype (the numbers that decide the output)")
-    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--draft-dtype", choices=list(DTYPES),
                    help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
     p.add_argument("--tp-timeout", type=float, default=120.0,
                    help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
@@ -167,9 +169,9 @@ def _add_bench(sub) -> None:
                    help="tree configurations to run (default: chain5, 5,4,16 and 6,8,32)")
     p.add_argument("--sweep", action="store_true", help="try a grid of depth / topk / num_draft_tokens at batch 1")
     p.add_argument("--out", default="bench-results/e2e", help="directory for bench.json, bench.md, bench.png")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="the target's dtype (the numbers that decide the output)")
-    p.add_argument("--draft-dtype", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--draft-dtype", choices=list(DTYPES),
                    help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 

@@ -10,12 +10,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..dtypes import DTYPES, check_dtype_name
 from .config import TreeConfig
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -66,9 +66,8 @@ def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional
 
     from ..distributed import tp
 
-    for name, value in (("dtype", dtype), ("draft_dtype", draft_dtype)):
-        if value is not None and value not in DTYPES:
-            raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
+    check_dtype_name("dtype", dtype)
+    check_dtype_name("draft_dtype", draft_dtype)
     torch_dtype = DTYPES[dtype]
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     if tp.is_distributed():

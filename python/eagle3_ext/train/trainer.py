@@ -16,6 +16,7 @@ import torch
 
 from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
+from ..dtypes import DTYPES, check_dtype_name
 from ..engine.capture import AuxHiddenCapture
 from .data import batches, collate, load_examples
 from .ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
@@ -23,7 +24,6 @@ from .vocab import build_vocab_mapping
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -53,8 +53,7 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_dtype_name("dtype", self.dtype)
         if self.amp is not None and self.amp not in ("bfloat16", "float16"):
             raise ValueError(f"amp must be None, 'bfloat16' or 'float16', got {self.amp!r}")
         for name in ("ttt_steps", "epochs", "batch_tokens", "max_len", "eval_every", "val_max_examples"):
