@@ -50,6 +50,8 @@ def test_recipe_end_to_end_at_toy_scale(tmp_path):
         assert json.load(f)["tie_word_embeddings"] is True  # the lm_head shares the embedding (size cap)
     ev = recipe.evaluate_target(work, seq_len=16, batch=4)
     assert ev["held_out_tokens"] > 0 and ev["held_out_perplexity"] == pytest.approx(math.exp(ev["held_out_loss"]))
+    with pytest.raises(ValueError, match="eval.txt gives 0 windows of 100001 tokens; at least 1 are needed"):
+        recipe.evaluate_target(work, seq_len=100000)
     gen = recipe.self_generate(work, count=3, prefix_tokens=8, new_tokens=6, batch=2)
     assert gen["sequences"] == 3
     with open(os.path.join(work, "generated.jsonl")) as f:

@@ -88,6 +88,25 @@ def train_tokenizer(out: str, vocab_size: int = 8192) -> str:
     return path
 
 
+def _token_ids(tok, path: str) -> torch.Tensor:
+    """The whole file as one int64 token sequence."""
+    with open(path, encoding="utf-8") as f:
+        return torch.tensor(tok(f.read())["input_ids"], dtype=torch.long)
+
+
+def _windows(ids: torch.Tensor, seq_len: int, name: str, at_least: int = 1) -> torch.Tensor:
+    """Consecutive, non-overlapping [n, seq_len + 1] windows (inputs plus the shifted targets)."""
+    n = ids.numel() // (seq_len + 1)
+    if n < at_least:
+        raise ValueError(f"{name} gives {n} windows of {seq_len + 1} tokens; at least {at_least} are needed")
+    return ids[: n * (seq_len + 1)].view(n, seq_len + 1)
+
+
+def _next_token_loss(model, x: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    logits = model(input_ids=x[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction=reduction)
+
+
 def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int = 8, heads: int = 6,
                  kv_heads: int = 2, intermediate: int = 960, seq_len: int = 256, batch: int = 16,
                  lr: float = 1e-3, max_steps: int | None = None, seed: int = 0, tie_embeddings: bool = True) -> Dict[str, object]:
@@ -96,12 +115,9 @@ def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(os.path.join(out, "tokenizer"))
-    with open(os.path.join(out, "train.txt"), encoding="utf-8") as f:
-        ids = torch.tensor(tok(f.read())["input_ids"], dtype=torch.long)
-    windows = ids.numel() // (seq_len + 1)
-    if windows < batch:
-        raise ValueError(f"train.txt gives {windows} windows of {seq_len + 1} tokens, fewer than a batch of {batch}")
-    data = ids[: windows * (seq_len + 1)].view(windows, seq_len + 1)
+    ids = _token_ids(tok, os.path.join(out, "train.txt"))
+    data = _windows(ids, seq_len, "train.txt", at_least=batch)
+    windows = data.shape[0]
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=tie_embeddings,
@@ -120,8 +136,7 @@ def train_target(out: str, minutes: float = 60.0, hidden: int = 384, layers: int
         progress = min(1.0, (time.time() - started) / budget) if max_steps is None else step / total
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * progress))
-        logits = model(input_ids=x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss = _next_token_loss(model, x)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -150,18 +165,12 @@ def evaluate_target(out: str, seq_len: int = 256, batch: int = 16) -> Dict[str, 
     path = os.path.join(out, "target")
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with open(os.path.join(out, "eval.txt"), encoding="utf-8") as f:
-        ids = torch.tensor(tok(f.read())["input_ids"], dtype=torch.long)
-    windows = ids.numel() // (seq_len + 1)
-    if windows < 1:
-        raise ValueError(f"eval.txt has {ids.numel()} tokens, fewer than one window of {seq_len + 1}")
-    data = ids[: windows * (seq_len + 1)].view(windows, seq_len + 1)
+    data = _windows(_token_ids(tok, os.path.join(out, "eval.txt")), seq_len, "eval.txt")
     total, count = 0.0, 0
     with torch.no_grad():
-        for i in range(0, windows, batch):
+        for i in range(0, data.shape[0], batch):
             x = data[i:i + batch]
-            logits = model(input_ids=x[:, :-1]).logits
-            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum"))
+            total += float(_next_token_loss(model, x, reduction="sum"))
             count += x[:, 1:].numel()
     result = {"held_out_tokens": count, "held_out_loss": total / count, "held_out_perplexity": math.exp(total / count)}
     with open(os.path.join(out, "target_eval.json"), "w") as f:
@@ -183,17 +192,16 @@ def self_generate(out: str, count: int = 1536, prefix_tokens: int = 64, new_toke
     path = os.path.join(out, "target")
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-    with open(os.path.join(out, "train.txt"), encoding="utf-8") as f:
-        ids = tok(f.read())["input_ids"]
-    if len(ids) <= prefix_tokens:
-        raise ValueError(f"train.txt has {len(ids)} tokens, not more than one prefix of {prefix_tokens}")
+    ids = _token_ids(tok, os.path.join(out, "train.txt"))
+    if ids.numel() <= prefix_tokens:
+        raise ValueError(f"train.txt has {ids.numel()} tokens, not more than one prefix of {prefix_tokens}")
     rng = random.Random(seed)
-    starts = [rng.randrange(len(ids) - prefix_tokens) for _ in range(count)]
+    starts = [rng.randrange(ids.numel() - prefix_tokens) for _ in range(count)]
     started = time.time()
     written = 0
     with open(os.path.join(out, "generated.jsonl"), "w") as f, torch.no_grad():
         for i in range(0, count, batch):
-            prefixes = torch.tensor([ids[s:s + prefix_tokens] for s in starts[i:i + batch]])
+            prefixes = torch.stack([ids[s:s + prefix_tokens] for s in starts[i:i + batch]])
             seqs = model.generate(input_ids=prefixes, attention_mask=torch.ones_like(prefixes), do_sample=False,
                                   max_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
             for row in seqs.tolist():
