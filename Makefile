@@ -12,6 +12,10 @@ TORCH ?= cuda
 CUDA_ARCHS ?= 90a;80
 PYTEST_ARGS ?=
 
+# CUTLASS/CuTe headers for the Hopper wgmma kernel: only the headers are used, so the wheel's
+# Python dependencies are not installed.
+CUTLASS_SPEC := nvidia-cutlass==4.2.0.0
+
 ifeq ($(TORCH),cpu)
   TORCH_SPEC := torch==2.13.0
   CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=OFF
@@ -36,6 +40,7 @@ $(STAMP):
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(if $(filter cuda,$(TORCH)),$(PY) -m pip install -q --no-deps "$(CUTLASS_SPEC)")
 	rm -f $(VENV)/.deps-*
 	touch $@
 

@@ -5,6 +5,10 @@
 # JSON report plus logs into $OUT (or ./bench-results). Sized to finish in under 8 minutes.
 #
 #   bash benchmarks/gpu_check.sh
+#
+# The CUTLASS/CuTe headers of the Hopper kernel come from the nvidia-cutlass wheel; where pip
+# cannot reach an index, put the wheel in .whl/ first:
+#   pip download --no-deps nvidia-cutlass==4.2.0.0 -d .whl
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out_dir=${OUT:-bench-results}
@@ -17,11 +21,22 @@ arch=$($py -c "import torch; m, n = torch.cuda.get_device_capability(); print(f'
 echo "== build for sm_$arch"
 start=$(date +%s)
 site=$(mktemp -d)
+if ! $py -c "import importlib.util as u, sys; sys.exit(u.find_spec('cutlass_library') is None)"; then
+  deps=$(mktemp -d)
+  if ls .whl/nvidia_cutlass-*.whl > /dev/null 2>&1; then
+    $py -m pip install -q --no-index --no-deps --target "$deps" .whl/nvidia_cutlass-*.whl
+  else
+    $py -m pip install -q --no-deps --target "$deps" nvidia-cutlass==4.2.0.0 \
+      || echo "no CUTLASS headers: the sm_90a wgmma kernel will not be built"
+  fi
+  export PYTHONPATH=$deps${PYTHONPATH:+:$PYTHONPATH}
+fi
 $py -m pip install -q --no-build-isolation --no-deps --target "$site" . \
   -Ccmake.define.EAGLE3_REQUIRE_CUDA=ON "-Ccmake.define.EAGLE3_CUDA_ARCHS=$arch" \
   > "$out_dir/build.log" 2>&1 || { tail -50 "$out_dir/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - start )) s"
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+$py -c "import eagle3_ext, json; print(json.dumps(eagle3_ext.build_info()))" | tee "$out_dir/build_info.json"
 
 echo "== CUDA tests"
 $py -m pytest -q -m cuda -p no:cacheprovider tests --junitxml "$out_dir/cuda_tests.xml" 2>&1 \

@@ -25,6 +25,8 @@ pybind11::dict build_info() {
     start = end + 1;
   }
   info["cuda_archs"] = archs;
+  // fused_aux_fc's TMA + wgmma kernel for Hopper (sm_90a) was compiled in.
+  info["sm90_wgmma"] = static_cast<bool>(EAGLE3_WITH_SM90_WGMMA);
   return info;
 }
 

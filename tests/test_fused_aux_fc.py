@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import eagle3_ext
 from conftest import DEVICES, DTYPES, TOLERANCES
 from eagle3_ext import fused_aux_fc, reference
 
@@ -35,12 +36,22 @@ def test_matches_reference(device, dtype, k, rows, hidden, bias):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 33, 129], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 24, 25, 33, 64, 65, 129],
+                         ids=lambda t: f"T{t}")
 def test_kernel_paths_and_tile_edges(device, dtype, rows):
-    # Row counts around the CPU streaming kernel's tiles and thresholds and the CUDA decode /
-    # prefill tiles; 67 output features leave partial feature tiles; H=136 is a multiple of
-    # 8 (vector path on CUDA) but not of 16 or 32 (masked tails on CPU).
+    # Row counts around the CPU streaming kernel's tiles and thresholds (bf16 streams up to
+    # 24 rows, runs the transposed GEMM up to 64, the row-tile GEMM beyond) and the CUDA
+    # decode / prefill tiles; 67 output features leave partial feature tiles; H=136 is a
+    # multiple of 8 (vector path on CUDA) but not of 16 or 32 (masked tails on CPU).
     aux, weight, b = make_inputs(3, rows, 136, 67, dtype, device)
+    check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_several_packed_row_tiles(bias):
+    # 1400 rows of 3 x 1024 bf16 exceed the CPU's packing budget (8 MiB): two balanced row
+    # tiles, each packed into the same scratch and multiplied on its own.
+    aux, weight, b = make_inputs(3, 1400, 1024, 8, torch.bfloat16, "cpu", bias)
     check_against_reference(aux, weight, b)
 
 
@@ -49,6 +60,53 @@ def test_split_k_decode_shape(device):
     # Long K and few rows: the CUDA launcher splits K across CTAs and reduces partials.
     aux, weight, b = make_inputs(3, 2, 2048, 96, torch.bfloat16, device)
     check_against_reference(aux, weight, b)
+
+
+HALF_DTYPES = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("k", [1, 3, 4], ids=lambda k: f"k{k}")
+@pytest.mark.parametrize("rows,hidden,out_features", [(129, 128, 67), (300, 192, 256), (520, 64, 130)],
+                         ids=["T129-H128-N67", "T300-H192-N256", "T520-H64-N130"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_prefill_tiles_hidden_multiple_of_64(device, dtype, k, rows, hidden, out_features, bias):
+    # More than 128 rows with H a multiple of 64: on Hopper (sm_90a builds) the TMA + wgmma
+    # kernel, whose K tiles switch descriptor at every segment boundary; partial row and
+    # feature tiles at the edges. Elsewhere the mma.sync prefill tiles or the CPU GEMMs.
+    aux, weight, b = make_inputs(k, rows, hidden, out_features, dtype, device, bias)
+    check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("pad", [64, 8, 3], ids=lambda p: f"pad{p}")
+def test_prefill_tiles_row_strided_segments(device, dtype, pad):
+    # Segments that are column slices of wider buffers (row stride H + pad, different per
+    # segment): TMA takes row strides that are multiples of 8 elements (pad 64, 8); pad 3 must
+    # take another kernel and still be right.
+    g = torch.Generator().manual_seed(2)
+    rows, hidden = 200, 128
+    aux = [torch.randn(rows, hidden + pad * (s + 1), generator=g).to(dtype=dtype, device=device)[:, s:s + hidden]
+           for s in range(3)]
+    assert all(not x.is_contiguous() for x in aux)
+    weight = (torch.randn(96, 3 * hidden, generator=g) * (3 * hidden) ** -0.5).to(dtype=dtype, device=device)
+    check_against_reference(aux, weight, None)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sm90_wgmma_kernel_is_what_hopper_runs():
+    # Names what the prefill tests above exercise on this machine, so a Hopper run that
+    # silently used the fallback kernel is visible.
+    info = eagle3_ext.build_info()
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    if hopper and "90a" in info["cuda_archs"]:
+        assert info["sm90_wgmma"]
+    else:
+        pytest.skip(f"wgmma kernel not applicable here (capability {torch.cuda.get_device_capability()}, "
+                    f"archs {info['cuda_archs']})")
 
 
 @pytest.mark.parametrize("device", DEVICES)

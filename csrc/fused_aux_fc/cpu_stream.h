@@ -17,12 +17,12 @@ namespace eagle3::fused_aux_fc {
 inline constexpr int64_t kStreamRowsCap = 64;
 
 // Up to this many rows the streaming kernel beats ATen's GEMMs (measured on an AVX512-BF16
-// CPU): bf16 GEMMs use the same dot-product instructions with better blocking from ~16 rows
+// CPU): bf16 GEMMs use the same dot-product instructions with better blocking from ~24 rows
 // on; fp32 GEMMs catch up around 64 rows; ATen has no fast fp16 GEMM on such CPUs, so the
 // kernel (fp16 widened to fp32 FMAs) is faster at any size.
 template <typename scalar_t>
 inline constexpr int64_t kStreamMaxRows =
-    std::is_same_v<scalar_t, c10::BFloat16> ? 16
+    std::is_same_v<scalar_t, c10::BFloat16> ? 24
     : std::is_same_v<scalar_t, float>       ? kStreamRowsCap
                                             : std::numeric_limits<int64_t>::max();
 

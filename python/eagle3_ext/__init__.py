@@ -28,7 +28,8 @@ def build_info() -> dict:
 
     Returns a dict with ``torch_version`` (the torch running now),
     ``compiled_torch_version`` (the torch it was compiled against), ``cuda_compiled``
-    (whether CUDA kernels are in the module), ``cuda_archs`` (e.g. ``["90a", "80"]``) and
+    (whether CUDA kernels are in the module), ``cuda_archs`` (e.g. ``["90a", "80"]``),
+    ``sm90_wgmma`` (whether fused_aux_fc's TMA + wgmma kernel for Hopper is in it) and
     ``cuda_available`` (whether torch sees a GPU now).
     """
     info = dict(_C.build_info())
