@@ -9,10 +9,11 @@
 // measurably less efficient than one over K = k * H. Instead row tiles of the k segments are
 // packed side by side into a reused, cache-sized scratch buffer and each tile runs one GEMM
 // over the full K with fp32 accumulation: the [rows, k * hidden] concatenation never exists
-// beyond one tile, and nothing is allocated per call beyond the output.
+// beyond one tile.
 // Up to kSwappedMaxRows rows that GEMM is computed transposed, out^T = W . X^T: oneDNN's
 // half-precision GEMM re-blocks its second operand on every call, and as X^T that is the
-// small activation tile rather than the whole weight (measured 4-17% faster at 32-64 rows on H = 1024 and 4096).
+// small activation tile rather than the whole weight (measured 4-17% faster at 32-64 rows,
+// H = 1024 and 4096). The transposed result is the only per-call allocation besides the output.
 #include <array>
 
 #include <ATen/ATen.h>

@@ -50,30 +50,8 @@ def _fused_aux_fc_fake(aux_hidden, weight, bias):
     return first.new_empty((*first.shape[:-1], weight.size(0)))
 
 
-def _fused_aux_fc_setup_context(ctx, inputs, output):
-    aux_hidden, weight, bias = inputs
-    ctx.save_for_backward(*aux_hidden, weight)
-    ctx.num_aux = len(aux_hidden)
-    ctx.has_bias = bias is not None
-
-
-def _fused_aux_fc_backward(ctx, grad):
-    *aux_hidden, weight = ctx.saved_tensors
-    hidden = aux_hidden[0].size(-1)
-    grad2d = grad.reshape(-1, grad.size(-1))
-    grad_aux, grad_w = [], []
-    for s, x in enumerate(aux_hidden):
-        w_s = weight[:, s * hidden:(s + 1) * hidden]
-        grad_aux.append((grad2d @ w_s).view_as(x) if ctx.needs_input_grad[0] else None)
-        grad_w.append(grad2d.t() @ x.reshape(-1, hidden))
-    grad_weight = torch.cat(grad_w, dim=1) if ctx.needs_input_grad[1] else None
-    grad_bias = grad2d.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-    return grad_aux, grad_weight, grad_bias
-
-
-# Training the draft differentiates through the fc; the gradients are plain GEMMs per segment.
-torch.library.register_autograd(
-    "eagle3::fused_aux_fc", _fused_aux_fc_backward, setup_context=_fused_aux_fc_setup_context)
+# The gradients (plain GEMMs per segment) are registered in C++ (csrc/fused_aux_fc/autograd.cpp)
+# so that calls without autograd never pass through Python.
 
 
 # --- Tree building and verification (sgl-kernel compatible; all outputs are in place) ------
