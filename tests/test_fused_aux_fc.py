@@ -95,6 +95,19 @@ def test_prefill_tiles_row_strided_segments(device, dtype, pad):
     check_against_reference(aux, weight, None)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_prefill_tiles_broadcast_segment(device, dtype):
+    # A segment that is one row expanded over T (row stride 0) cannot be described to TMA;
+    # it must take another kernel and still be right.
+    g = torch.Generator().manual_seed(3)
+    rows, hidden = 200, 128
+    aux = [torch.randn(rows, hidden, generator=g).to(dtype=dtype, device=device) for _ in range(2)]
+    aux.append(torch.randn(1, hidden, generator=g).to(dtype=dtype, device=device).expand(rows, hidden))
+    weight = (torch.randn(72, 3 * hidden, generator=g) * (3 * hidden) ** -0.5).to(dtype=dtype, device=device)
+    check_against_reference(aux, weight, None)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sm90_wgmma_kernel_is_what_hopper_runs():

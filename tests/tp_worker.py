@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from eagle3_ext.distributed import init_from_env, load_target, rank
+from eagle3_ext.distributed import init_from_env, load_target, rank, shutdown
 from eagle3_ext.draft import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 
@@ -35,6 +35,7 @@ def main(out_dir: str, target_dir: str, draft_dir: str, mode: str) -> None:
         json.dump({"spec": spec.sequences, "plain": plain, "sampled": sampled.sequences,
                    "acceptance_length": spec.stats.acceptance_length,
                    "weight_type": type(target.model.layers[0].self_attn.q_proj.weight).__name__}, f)
+    shutdown()
 
 
 if __name__ == "__main__":

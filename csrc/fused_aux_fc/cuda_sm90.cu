@@ -41,7 +41,8 @@ void launch_typed(const LaunchArgs& a, cudaStream_t stream) {
   // processes may drive several.
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Cfg::kSmemBytes));
-  const dim3 grid((rows + kTileM - 1) / kTileM, (out_features + kTileN - 1) / kTileN);
+  const dim3 grid(static_cast<unsigned>((a.rows + kTileM - 1) / kTileM),
+                  static_cast<unsigned>((a.out_features + kTileN - 1) / kTileN));
   kernel<<<grid, kThreads, Cfg::kSmemBytes, stream>>>(params);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -58,16 +59,16 @@ bool kernel_available(int device) {
 
 bool shape_supported(const LaunchArgs& a) {
   if (a.num_segments < 1 || a.num_segments > kMaxSegments) return false;
-  if (a.hidden % kTileK != 0 || a.w_stride % 8 != 0 || !aligned16(a.weight) || !aligned16(a.out)) {
-    return false;
-  }
-  if (!fits_int32(a.rows) || !fits_int32(a.out_features) || !fits_int32(a.num_segments * a.hidden)) {
-    return false;
-  }
+  const int64_t total_k = a.num_segments * a.hidden;
+  if (a.hidden % kTileK != 0 || !aligned16(a.weight) || !aligned16(a.out)) return false;
+  // TMA needs row strides that are multiples of 16 bytes; a stride below the row width (a
+  // broadcast view has 0) would make the descriptor encoding fail, so those take another kernel.
+  if (a.w_stride % 8 != 0 || a.w_stride < total_k) return false;
   for (int s = 0; s < a.num_segments; ++s) {
-    if (a.x_stride[s] % 8 != 0 || !aligned16(a.x[s])) return false;
+    if (a.x_stride[s] % 8 != 0 || a.x_stride[s] < a.hidden || !aligned16(a.x[s])) return false;
   }
-  return true;
+  // TMA coordinates are int32, and features index grid.y (at most 65535 tiles).
+  return fits_int32(a.rows + kTileM) && fits_int32(total_k) && a.out_features <= 65535LL * kTileN;
 }
 
 void launch(const LaunchArgs& args, cudaStream_t stream) {

@@ -29,7 +29,8 @@ struct LaunchArgs {
 bool kernel_available(int device);
 
 // True when the shapes, strides and pointers suit TMA and the K tiling: H a multiple of 64,
-// row strides multiples of 8 elements, 16-byte aligned pointers, sizes within int32.
+// row strides multiples of 8 elements and at least one row wide, 16-byte aligned pointers,
+// sizes within int32 and the grid's limits.
 bool shape_supported(const LaunchArgs& args);
 
 // Launches on `stream`; requires kernel_available and shape_supported.

@@ -90,7 +90,7 @@ def _add_generate(sub) -> None:
 
 
 def _run_generate(args) -> int:
-    from .distributed import init_from_env, rank
+    from .distributed import init_from_env, rank, shutdown
     from .engine.run import GenerateRequest, run_generate
 
     init_from_env(args.tp_timeout)  # a no-op outside torchrun
@@ -108,7 +108,9 @@ def _run_generate(args) -> int:
                               seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks)
     report = run_generate(request, progress=not args.json)
-    if rank() != 0:  # only rank 0 reports
+    this_rank = rank()
+    shutdown()
+    if this_rank != 0:  # only rank 0 reports
         return 0 if report.get("identical") is not False else 1
     if args.json:
         print(json.dumps(report))

@@ -59,6 +59,15 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     return True
 
 
+def shutdown() -> None:
+    """Leaves the process group joined by init_from_env once every rank has got here (a no-op
+    outside torchrun). A process that exits with the group still alive can abort while its
+    communication threads are torn down."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def load_target(path: str, dtype: torch.dtype):
     """The target, sharded across the current process group with transformers' TP plan."""
     from transformers import AutoModelForCausalLM, DistributedConfig
