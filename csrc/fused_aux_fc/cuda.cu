@@ -71,31 +71,6 @@ void launch_tensor_core(cuda::Params<T>& params, const Problem& p, cudaStream_t 
   }
 }
 
-#if EAGLE3_WITH_SM90_WGMMA
-// Prefill-sized problems on Hopper go to the TMA + wgmma kernel when it was built and the
-// shapes suit it (H a multiple of 64, aligned strides); false means "use the mma.sync tiles".
-bool try_sm90(const Problem& p, at::Tensor& out, cudaStream_t stream) {
-  if (p.rows <= kDecodeMaxRows || p.weight.scalar_type() == at::kFloat) return false;
-  sm90::LaunchArgs args{};
-  args.num_segments = static_cast<int>(p.segments.size());
-  for (int s = 0; s < args.num_segments; ++s) {
-    args.x[s] = p.segments[s].data_ptr();
-    args.x_stride[s] = p.segments[s].stride(0);
-  }
-  args.weight = p.weight.data_ptr();
-  args.w_stride = p.weight.stride(0);
-  args.bias = p.bias.defined() ? p.bias.data_ptr() : nullptr;
-  args.out = out.data_ptr();
-  args.rows = p.rows;
-  args.hidden = p.hidden;
-  args.out_features = p.out_features;
-  args.bfloat16 = p.weight.scalar_type() == at::kBFloat16;
-  if (!sm90::kernel_available(p.weight.get_device()) || !sm90::shape_supported(args)) return false;
-  sm90::launch(args, stream);
-  return true;
-}
-#endif
-
 template <typename scalar_t>
 void run(const Problem& p, at::Tensor& out) {
   using T = typename DeviceType<scalar_t>::type;
@@ -114,11 +89,16 @@ void run(const Problem& p, at::Tensor& out) {
   params.out_features = p.out_features;
   params.splits = 1;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-#if EAGLE3_WITH_SM90_WGMMA
-  if (try_sm90(p, out, stream)) return;
-#endif
 
   if constexpr (!std::is_same_v<T, float>) {
+#if EAGLE3_WITH_SM90_WGMMA
+    // Prefill-sized T on Hopper: the TMA + wgmma kernel, when the shapes suit it.
+    if (p.rows > kDecodeMaxRows && sm90::shape_supported(params) &&
+        sm90::kernel_available(p.weight.get_device())) {
+      sm90::launch(params, stream);
+      return;
+    }
+#endif
     if (vector_path_ok(p)) {
       if (p.rows <= kDecodeMaxRows) {
         launch_tensor_core<T, cuda::DecodeTile>(params, p, stream);

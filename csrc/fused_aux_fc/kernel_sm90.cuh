@@ -1,6 +1,7 @@
 // Hopper (sm_90a) mainloop of fused_aux_fc for prefill-sized T, written with CuTe: TMA loads
 // into 128-byte-swizzled shared memory, wgmma from shared memory, fp32 accumulators.
-// Framework-free (CuTe and CUTLASS's barriers only) so any launcher can use it.
+// Framework-free (CuTe, CUTLASS's barriers and kernel.cuh's launch parameters) so any launcher
+// can use it.
 //
 // The GEMM is out[T, N] = X[T, K] . W[N, K]^T with K = k * H, so both operands are K-major
 // (the layout wgmma reads without transposition). X is not one tensor but k segments, each
@@ -23,9 +24,10 @@
 #include <cutlass/bfloat16.h>
 #include <cutlass/half.h>
 
+#include "fused_aux_fc/kernel.cuh"
+
 namespace eagle3::fused_aux_fc::sm90 {
 
-inline constexpr int kMaxSegments = 16;
 inline constexpr int kTileM = 128;  // activation rows per CTA (2 warpgroups x 64)
 inline constexpr int kTileN = 128;  // output features per CTA
 inline constexpr int kTileK = 64;   // one 128-byte swizzle row of 16-bit elements
@@ -74,7 +76,7 @@ struct Config {
 template <class Element>
 struct Params {
   typename Config<Element>::TmaX tma_x;        // segment 0: the partitioning of every segment
-  cute::TmaDescriptor x_desc[kMaxSegments];    // one descriptor per segment
+  cute::TmaDescriptor x_desc[cuda::kMaxSegments];  // one descriptor per segment
   typename Config<Element>::TmaW tma_w;        // [out_features, k * hidden]
   Element const* bias;                         // [out_features] or nullptr
   Element* out;                                // [rows, out_features], contiguous
