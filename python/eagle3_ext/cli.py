@@ -46,8 +46,8 @@ def _run_train(args) -> int:
     config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
                          draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
                          lr=args.lr, batch_tokens=args.batch_tokens, max_len=args.max_len, dtype=args.dtype,
-                         amp=args.amp, eval_every=args.eval_every, val_max_examples=args.val_examples, max_steps=args.max_steps,
-                         seed=args.seed, resume=args.resume,
+                         amp=args.amp, eval_every=args.eval_every, val_max_examples=args.val_examples,
+                         max_steps=args.max_steps, seed=args.seed, resume=args.resume,
                          export_specforge=not args.no_specforge_export)
     result = train(config)
     if args.json:
