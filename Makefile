@@ -29,6 +29,12 @@ else
   $(error TORCH must be cuda or cpu, got '$(TORCH)')
 endif
 
+# Peer implementations for the parity tests (tests/test_peer_parity.py): installed without their
+# pinned dependencies, plus the few modules their model code imports. If they cannot be
+# installed the parity tests skip with that reason.
+PEERS := specforge==0.2.0 speculators==0.9.0
+PEER_IMPORTS := openai datasets hs-connectors loguru
+
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-$(TORCH)
 
@@ -41,6 +47,8 @@ $(STAMP):
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(if $(filter cuda,$(TORCH)),$(PY) -m pip install -q --no-deps "$(CUTLASS_SPEC)")
+	($(PY) -m pip install -q --no-deps $(PEERS) && $(PY) -m pip install -q $(PEER_IMPORTS)) || \
+	  echo "peer packages not installed: the parity tests will skip"
 	rm -f $(VENV)/.deps-*
 	touch $@
 

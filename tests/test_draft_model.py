@@ -6,35 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle3_ext import Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
+from eagle3_ext import Eagle3DraftModel, resolve_aux_layer_ids
 from eagle3_ext.draft import eagle_default_aux_layers
 from eagle3_ext.draft.rope import rope_inv_freq
 
-H, VOCAB, DRAFT_VOCAB = 64, 96, 48
-
-
-def make_config(**over):
-    cfg = dict(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-               vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, rope_theta=500000.0,
-               rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-               aux_layer_ids=[2, 16, 29], aux_layer_ids_source="test", target_num_hidden_layers=32)
-    cfg.update(over)
-    return Eagle3DraftConfig(**cfg)
-
-
-def make_draft(seed=0, **over):
-    torch.manual_seed(seed)
-    model = Eagle3DraftModel(make_config(**over))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
-        # A valid vocabulary map: every other target id.
-        model.d2t.copy_(torch.arange(DRAFT_VOCAB))            # target id = 2 i
-        model.t2d.zero_()
-        model.t2d[torch.arange(DRAFT_VOCAB) * 2] = True
-    model.bind_embeddings(torch.nn.Embedding(VOCAB, H))
-    return model
+from tiny_models import DRAFT_VOCAB, H, VOCAB, make_config, make_draft
 
 
 def target_config(layers=32, hidden=H, vocab=VOCAB):
@@ -103,7 +79,7 @@ def _write_checkpoint(path, config, model, names="midlayer", binary=False):
         if names == "midlayer" and k.startswith("layers.0."):
             k = "midlayer." + k[len("layers.0."):]
         state[k] = v.contiguous()
-    state["embed_tokens.weight"] = torch.zeros(VOCAB, H)  # some checkpoints carry it; it is ignored
+    state["embed_tokens.weight"] = model._embed.weight.detach().clone()  # some checkpoints carry the target's
     if binary:
         torch.save(state, os.path.join(path, "pytorch_model.bin"))
     else:
@@ -118,8 +94,29 @@ def test_load_hand_written_eagle_checkpoint(tmp_path, binary):
     loaded = Eagle3DraftModel.from_pretrained(str(tmp_path), target_config=target_config())
     assert loaded.aux_layer_ids == [2, 16, 29]
     assert "EAGLE default" in loaded.aux_layer_ids_source
+    assert loaded.config.own_embeddings  # carried until compared with the target's
+    loaded.bind_embeddings(src._embed)   # equal to the target's: shared, the copy dropped
+    assert loaded.embed_tokens is None and not loaded.config.own_embeddings
     for (k, a), (k2, b) in zip(sorted(src.state_dict().items()), sorted(loaded.state_dict().items())):
         assert k == k2 and torch.equal(a, b)
+
+
+def test_own_embeddings_that_differ_are_used_and_exported(tmp_path):
+    src = make_draft()
+    _write_checkpoint(tmp_path / "in", LLAMA_KEYS, src)
+    own = torch.randn(VOCAB, H)
+    from safetensors.torch import load_file, save_file
+    state = load_file(str(tmp_path / "in" / "model.safetensors"))
+    state["embed_tokens.weight"] = own
+    save_file(state, str(tmp_path / "in" / "model.safetensors"))
+    loaded = Eagle3DraftModel.from_pretrained(str(tmp_path / "in"), target_config=target_config())
+    loaded.bind_embeddings(src._embed)
+    assert loaded.embed_tokens is not None and torch.equal(loaded.embed_tokens.weight, own)
+    ids = torch.randint(0, VOCAB, (1, 4))
+    torch.testing.assert_close(loaded.embed(ids), own[ids])
+    for fmt in ("vllm", "specforge", "eagle3_ext"):
+        loaded.save_pretrained(str(tmp_path / fmt), format=fmt)
+        assert torch.equal(load_file(str(tmp_path / fmt / "model.safetensors"))["embed_tokens.weight"], own)
 
 
 def test_load_without_target_leaves_default_unresolved_until_validated(tmp_path):

@@ -139,3 +139,28 @@ def test_train_config_validation(workdir):
         config(workdir, "x", dtype="int8").validate()
     with pytest.raises(ValueError, match=r"batch_tokens \(32\) must hold one sequence of max_len \(64\)"):
         config(workdir, "x", batch_tokens=32).validate()
+
+
+def test_convention_flags_train_and_export(workdir, caplog):
+    rc = cli_main(["train", "--target", str(workdir / "target"), "--data", str(workdir / "data.txt"),
+                   "--out", str(workdir / "flags"), "--ttt-steps", "2", "--max-steps", "3", "--max-len", "64",
+                   "--batch-tokens", "256", "--draft-vocab-size", "100", "--fc-norm", "--norm-output",
+                   "--norm-before-residual", "--json"])
+    assert rc == 0
+    ours = json.loads((workdir / "flags" / "config.json").read_text())["eagle3_ext"]
+    assert ours["fc_norm"] and ours["norm_output"] and ours["norm_before_residual"] and not ours["norm_before_fc"]
+    assert ours["fingerprint"]["aux_layer_ids"] == ours["aux_layer_ids"]
+    vllm = json.loads((workdir / "flags" / "vllm" / "config.json").read_text())
+    assert vllm["fc_norm"] and vllm["norm_output"] and vllm["norm_before_residual"]
+    assert vllm["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
+    assert vllm["speculators_config"]["verifier"]["name_or_path"] == str(workdir / "target")
+    # SpecForge's draft feeds the pre-norm state back: that export is refused, with the reason.
+    assert not (workdir / "flags" / "specforge").exists()
+    assert "not exporting the specforge format" in caplog.text and "norm_output" in caplog.text
+    from transformers import AutoConfig
+    for path in (workdir / "flags", workdir / "flags" / "vllm"):
+        draft = Eagle3DraftModel.from_pretrained(str(path), target_config=AutoConfig.from_pretrained(workdir / "target"))
+        assert draft.config.fc_norm and draft.config.norm_output and len(draft.fc_norm) == 3
+    with pytest.raises(SystemExit):  # the two pre-fc norms exclude each other
+        cli_main(["train", "--target", str(workdir / "target"), "--data", str(workdir / "data.txt"),
+                  "--out", str(workdir / "x"), "--fc-norm", "--norm-before-fc"])

@@ -82,3 +82,37 @@ def make_trained_pair(workdir, arch: str = "llama", layers: int = 6, steps: int 
     train(TrainConfig(target=os.path.join(workdir, "target"), data=[os.path.join(workdir, "data.txt")],
                       out=os.path.join(workdir, "draft"), **options))
     return target, tok
+
+
+# --- random EAGLE-3 drafts (no target needed) ------------------------------------------------------
+
+H, VOCAB, DRAFT_VOCAB = 64, 96, 48
+
+
+def make_config(**over):
+    from eagle3_ext import Eagle3DraftConfig
+
+    cfg = dict(hidden_size=H, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+               vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, rope_theta=500000.0,
+               rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+               aux_layer_ids=[2, 16, 29], aux_layer_ids_source="test", target_num_hidden_layers=32)
+    cfg.update(over)
+    return Eagle3DraftConfig(**cfg)
+
+
+def make_draft(seed=0, **over):
+    """A draft with random weights (norm weights near 1), a valid vocabulary map (draft id i is
+    target id 2 i) and a random bound embedding."""
+    from eagle3_ext import Eagle3DraftModel
+
+    torch.manual_seed(seed)
+    model = Eagle3DraftModel(make_config(**over))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
+        model.d2t.copy_(torch.arange(DRAFT_VOCAB))            # target id = 2 i
+        model.t2d.zero_()
+        model.t2d[torch.arange(DRAFT_VOCAB) * 2] = True
+    model.bind_embeddings(torch.nn.Embedding(VOCAB, H))
+    return model

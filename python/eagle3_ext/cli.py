@@ -37,6 +37,15 @@ def _add_train(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--no-specforge-export", action="store_true", help="skip the SpecForge/SGLang export")
+    p.add_argument("--no-vllm-export", action="store_true", help="skip the vLLM (speculators) export")
+    p.add_argument("--norm-before-residual", action="store_true",
+                   help="the first layer's residual is RMSNorm(feature) (speculators' norm_before_residual)")
+    norms = p.add_mutually_exclusive_group()
+    norms.add_argument("--fc-norm", action="store_true", help="an RMSNorm per captured state before the fc")
+    norms.add_argument("--norm-before-fc", action="store_true",
+                       help="one RMSNorm over the concatenated captured states before the fc")
+    p.add_argument("--norm-output", action="store_true",
+                   help="feed the final norm's output back across draft steps (EAGLE-3.1)")
     p.add_argument("--json", action="store_true", help="print the final metrics as one JSON object")
 
 
@@ -48,7 +57,9 @@ def _run_train(args) -> int:
                          lr=args.lr, batch_tokens=args.batch_tokens, max_len=args.max_len, dtype=args.dtype,
                          amp=args.amp, eval_every=args.eval_every, val_max_examples=args.val_examples,
                          max_steps=args.max_steps, seed=args.seed, resume=args.resume,
-                         export_specforge=not args.no_specforge_export)
+                         export_specforge=not args.no_specforge_export, export_vllm=not args.no_vllm_export,
+                         norm_before_residual=args.norm_before_residual, fc_norm=args.fc_norm,
+                         norm_before_fc=args.norm_before_fc, norm_output=args.norm_output)
     result = train(config)
     if args.json:
         print(json.dumps({"out": result.out, "step": result.step, **result.metrics}))
@@ -86,6 +97,8 @@ def _add_generate(sub) -> None:
                    help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
     p.add_argument("--check-ranks", action="store_true",
                    help="under torchrun: verify that every rank produced the same tokens")
+    p.add_argument("--no-strict-capture", action="store_true",
+                   help="warn instead of failing when the captured states do not match the draft's fingerprint")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -106,7 +119,7 @@ def _run_generate(args) -> int:
                               top_k=args.top_k, depth=args.depth, topk=args.topk,
                               num_draft_tokens=args.num_draft_tokens, chain=args.chain, attention=args.attention,
                               seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
-                              check_ranks=args.check_ranks)
+                              check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture)
     report = run_generate(request, progress=not args.json)
     this_rank = rank()
     shutdown()
@@ -130,11 +143,23 @@ def _run_generate(args) -> int:
 
 
 def _add_doctor(sub) -> None:
-    p = sub.add_parser("doctor", help="find why a draft's acceptance is low (aux layers, d2t, config)")
+    p = sub.add_parser("doctor", help="find why a draft's acceptance is low (aux layers, conventions, d2t)",
+                       description="Exit code: 0 HEALTHY, 1 FAULT, 3 INCONCLUSIVE, 2 bad input.")
     p.add_argument("--target", help="target model directory (default: the bundled model)")
     p.add_argument("--draft", help="draft directory (default: the bundled draft)")
     p.add_argument("--data", nargs="+", help="sample text or JSONL files (default: a bundled code sample)")
     p.add_argument("--steps", type=int, default=3, help="draft positions measured (acc_0 .. acc_{steps-1})")
+    p.add_argument("--max-examples", type=int, default=32,
+                   help="sequences measured (self-generated continuations, or windows of the text)")
+    p.add_argument("--max-len", type=int, default=128, help="tokens per measured sequence")
+    p.add_argument("--prompt-tokens", type=int, default=24,
+                   help="prompt tokens cut from the text per self-generated sequence (the rest is scored)")
+    p.add_argument("--no-self-generate", action="store_true",
+                   help="score the --data text itself instead of the target's own continuations of it")
+    p.add_argument("--acceptance-prompts", type=int, default=4,
+                   help="prompts for the acceptance length measured by speculative generation (0 skips it)")
+    p.add_argument("--write-fingerprint", action="store_true",
+                   help="after a HEALTHY verdict, store an activation fingerprint with the draft")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
@@ -142,20 +167,29 @@ def _run_doctor(args) -> int:
     from .doctor import diagnose
     from .engine.run import resolve_models
 
-    report = diagnose(*resolve_models(args.target, args.draft), args.data, steps=args.steps)
+    report = diagnose(*resolve_models(args.target, args.draft), args.data, write_fingerprint=args.write_fingerprint,
+                      steps=args.steps, max_examples=args.max_examples, max_len=args.max_len,
+                      prompt_tokens=args.prompt_tokens,
+                      self_generate=not args.no_self_generate, acceptance_prompts=args.acceptance_prompts)
     if args.json:
         print(json.dumps(report.as_dict()))
     else:
         for f in report.findings:
-            print(f"[{f.status:>7}] {f.check}: {f.message}")
+            print(f"[{f.status:>12}] {f.check}: {f.message}")
             if f.fix:
-                print(f"          fix: {f.fix}")
+                print(f"               fix: {f.fix}")
         for c in report.candidates:
             acc = " ".join(f"{a:.3f}" for a in c.acc)
-            print(f"  {c.name:<30} {str(c.aux_layer_ids):<20} acc [{acc}]  expected acceptance length "
-                  f"{c.expected_acceptance_length:.2f}")
+            flags = f" {c.flags}" if c.flags else ""
+            measured = "" if c.acceptance_length is None else f", measured {c.acceptance_length:.2f}"
+            print(f"  {c.name:<46} {str(c.aux_layer_ids):<14} loss {c.loss:.4f} z {c.z:+7.1f} acc [{acc}]  "
+                  f"expected acceptance length {c.expected_acceptance_length:.2f}{measured}{flags}")
+        if report.recommended_config:
+            print(f"recommended config: {json.dumps(report.recommended_config)}")
+        if report.data.get("fingerprint_written"):
+            print(f"activation fingerprint written to {report.data['fingerprint_written']}")
         print(report.verdict)
-    return 0 if report.healthy else 1
+    return report.exit_code
 
 
 def _add_bench(sub) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -141,3 +141,22 @@ def check_aux_layers(ids: Sequence[int], num_target_layers: int, fc_in_features:
             f"{k} aux layers x target hidden {target_hidden_size} = {k * target_hidden_size} but the "
             f"draft's fc expects {fc_in_features}, not a multiple of {target_hidden_size}: the draft "
             f"was trained for a target of another hidden size")
+
+
+def config_fix(ids: Sequence[int]) -> Dict[str, Any]:
+    """The config.json keys (per format, dotted for nested blocks) that make a draft read ``ids``."""
+    ids = [int(i) for i in ids]
+    fix: Dict[str, Any] = {"eagle3_ext.aux_layer_ids": ids, "eagle_aux_hidden_state_layer_ids": ids}
+    if min(ids) >= 1:
+        fix["eagle_config.eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]
+    return fix
+
+
+def describe_fix(ids: Sequence[int]) -> str:
+    """One line saying which key to set in each format's config.json to read ``ids``."""
+    fix = config_fix(ids)
+    specforge = fix.get("eagle_config.eagle_aux_hidden_state_layer_ids")
+    return (f"set \"eagle3_ext\": {{\"aux_layer_ids\": {fix['eagle3_ext.aux_layer_ids']}}} (eagle3_ext format), "
+            f"\"eagle_aux_hidden_state_layer_ids\": {fix['eagle_aux_hidden_state_layer_ids']} (vLLM speculators), "
+            + (f"\"eagle_config\": {{\"eagle_aux_hidden_state_layer_ids\": {specforge}}} (SpecForge/SGLang)"
+               if specforge is not None else "SpecForge/SGLang cannot express the embedding output (index 0)"))

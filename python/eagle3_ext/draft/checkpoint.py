@@ -6,6 +6,12 @@
 | specforge   | same, architectures LlamaForCausalLMEagle3 + eagle_config | midlayer.*  | layer outputs (index = id + 1)   |
 | vllm        | speculators: transformer_layer_config + top-level keys | layers.0.*     | raw hidden_states indices        |
 | eagle3_ext  | Llama keys + "eagle3_ext" block                        | layers.{i}.*   | hidden_states indices, named     |
+
+Convention flags are read and written by ``conventions``; a key that is not understood is an
+error. A checkpoint's own ``embed_tokens`` is kept (and exported) when it differs from the
+target's embedding, and dropped in favour of the target's when equal. The activation
+fingerprint is stored in the eagle3_ext block, and for the other formats in a sidecar file
+``eagle3_fingerprint.json`` beside config.json.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 from .aux_layers import (CONVENTION, AuxLayerResolution, check_aux_layers, eagle_default_aux_layers,
                          resolve_aux_layer_ids, target_dims)
 from .config import Eagle3DraftConfig
+from .conventions import FLAGS, check_known_keys, read_flags, write_flags
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +34,8 @@ FORMATS = ("eagle3_ext", "eagle", "specforge", "vllm")
 SAFETENSORS_NAME = "model.safetensors"
 BIN_NAME = "pytorch_model.bin"
 FORMAT_VERSION = 1
+# The activation fingerprint beside a checkpoint whose config.json has no place for it.
+FINGERPRINT_NAME = "eagle3_fingerprint.json"
 
 _LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "vocab_size",
@@ -47,29 +56,44 @@ def detect_format(config: Mapping[str, Any]) -> str:
 
 def _read_state(path: str) -> Dict[str, torch.Tensor]:
     st, binary = os.path.join(path, SAFETENSORS_NAME), os.path.join(path, BIN_NAME)
-    if os.path.exists(st):
-        from safetensors.torch import load_file
-        return load_file(st)
-    if os.path.exists(binary):
-        return torch.load(binary, map_location="cpu", weights_only=True)
+    try:
+        if os.path.exists(st):
+            from safetensors.torch import load_file
+            return load_file(st)
+        if os.path.exists(binary):
+            return torch.load(binary, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (truncated or corrupt files raise many kinds)
+        name = st if os.path.exists(st) else binary
+        raise ValueError(f"{name} cannot be read (truncated or corrupt?): {type(e).__name__}: {e}") from None
     raise FileNotFoundError(f"{path}: no {SAFETENSORS_NAME} or {BIN_NAME} found")
 
 
-def _normalize_names(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+# SGLang's legacy names for the per-aux norms.
+_LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
+
+
+def normalize_names(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Weight names of any supported layout mapped to this library's module names."""
     out: Dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if name.startswith("model."):
             name = name[len("model."):]
         if name.startswith("midlayer."):
             name = "layers.0." + name[len("midlayer."):]
-        if name.startswith("embed_tokens."):
-            logger.info("ignoring %s in the checkpoint: the draft shares the target's embeddings", name)
-            continue
+        for legacy, new in _LEGACY_NAMES.items():
+            if name.startswith(legacy):
+                name = new + name[len(legacy):]
+        if name.startswith(("verifier_lm_head.", "verifier_norm.")):
+            continue  # speculators' frozen copies of the target's head, used only for its training loss
         out[name] = tensor
     return out
 
 
-def _config_from_dict(raw: Mapping[str, Any], fmt: str, state: Mapping[str, torch.Tensor]) -> Eagle3DraftConfig:
+def config_from_dict(raw: Mapping[str, Any], fmt: str, state: Mapping[str, torch.Tensor],
+                     where: str = "config.json") -> Eagle3DraftConfig:
+    """The draft's configuration from a checkpoint's config.json and weights (shapes and the
+    presence of optional weights), after refusing keys that are not understood."""
+    check_known_keys(raw, fmt, where)
     llama = dict(raw.get("transformer_layer_config") or raw) if fmt == "vllm" else dict(raw)
     rope_params = llama.get("rope_parameters") or {}
     rope_scaling = llama.get("rope_scaling")
@@ -80,6 +104,7 @@ def _config_from_dict(raw: Mapping[str, Any], fmt: str, state: Mapping[str, torc
     target_hidden = int(raw.get("target_hidden_size") or llama.get("target_hidden_size") or hidden)
     layer_ids = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
     ours = raw.get("eagle3_ext") or {}
+    flags = read_flags(raw, fmt, where)
     return Eagle3DraftConfig(
         hidden_size=hidden,
         intermediate_size=int(llama["intermediate_size"]),
@@ -99,20 +124,37 @@ def _config_from_dict(raw: Mapping[str, Any], fmt: str, state: Mapping[str, torc
         fc_bias="fc.bias" in state,
         attention_bias="layers.0.self_attn.q_proj.bias" in state,
         mlp_bias="layers.0.mlp.gate_proj.bias" in state,
-        # vLLM's speculators format defaults to the norm-before-residual variant.
-        norm_before_residual=bool(raw.get("norm_before_residual", llama.get("norm_before_residual", fmt == "vllm"))),
+        own_embeddings="embed_tokens.weight" in state,
         target_num_hidden_layers=ours.get("target_num_hidden_layers"),
+        fingerprint=ours.get("fingerprint"),
+        **flags,
     )
 
 
-def load_draft(cls, path: str, target_config: Any = None):
-    with open(os.path.join(path, "config.json")) as f:
-        raw = json.load(f)
-    fmt = detect_format(raw)
-    state = _normalize_names(_read_state(path))
+def read_checkpoint(path: str) -> Tuple[Dict[str, Any], str, Dict[str, torch.Tensor]]:
+    """(config.json as a dict, its format, weights under this library's names) of a draft
+    directory, with a clear error for a missing or unreadable one."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"draft directory {path} does not exist")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{path} has no config.json: not a draft checkpoint directory")
+    with open(config_path) as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    state = normalize_names(_read_state(path))
     if "fc.weight" not in state:
         raise ValueError(f"{path}: the checkpoint has no fc.weight; it is not an EAGLE-3 draft")
-    config = _config_from_dict(raw, fmt, state)
+    return raw, detect_format(raw), state
+
+
+def load_draft(cls, path: str, target_config: Any = None):
+    raw, fmt, state = read_checkpoint(path)
+    config = config_from_dict(raw, fmt, state, where=os.path.join(path, "config.json"))
+    if config.fingerprint is None:
+        config.fingerprint = read_fingerprint_sidecar(path)
     target_layers = target_dims(target_config)[0] if target_config is not None else config.target_num_hidden_layers
     resolution = resolve_aux_layer_ids(raw, target_layers)
     if resolution.ids is not None:
@@ -122,13 +164,25 @@ def load_draft(cls, path: str, target_config: Any = None):
     model = cls(config).to(state["fc.weight"].dtype)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or missing:
+        hint = ""
+        if any(k.startswith(("fc_norm.", "input_norm.")) for k in list(unexpected) + list(missing)):
+            hint = (" (the norm weights before the fc and the fc_norm / norm_before_fc flags in config.json "
+                    "disagree)")
         raise ValueError(f"{path} ({fmt} format): unexpected weights {sorted(unexpected)}, missing "
-                         f"{sorted(missing)}")
+                         f"{sorted(missing)}{hint}")
     model.set_aux_layers(resolution)
     logger.info("loaded EAGLE-3 draft from %s (%s format)", path, fmt)
     if target_config is not None:
         model.validate_against_target(target_config)
     return model
+
+
+def read_fingerprint_sidecar(path: str) -> Optional[Dict[str, Any]]:
+    sidecar = os.path.join(path, FINGERPRINT_NAME)
+    if not os.path.exists(sidecar):
+        return None
+    with open(sidecar) as f:
+        return json.load(f)
 
 
 def _llama_dict(config: Eagle3DraftConfig) -> Dict[str, Any]:
@@ -148,23 +202,26 @@ def _renamed_state(model, single_layer_prefix: Optional[str]) -> Dict[str, torch
             for k, v in state.items()}
 
 
-def _formatted(model, fmt: str) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+def _formatted(model, fmt: str, verifier: Optional[Mapping[str, Any]],
+               speculative_tokens: int) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
     cfg = model.config
     ids = model.aux_layer_ids
     if ids is None:
         raise ValueError("the draft's aux layers are unresolved; call validate_against_target(target_config) "
                          "before saving")
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    flags = write_flags({key: getattr(cfg, key) for key in FLAGS}, fmt)
     base = dict(_llama_dict(cfg), draft_vocab_size=cfg.draft_vocab_size, target_hidden_size=cfg.target_hidden_size)
     if fmt == "eagle3_ext":
-        config = dict(base, architectures=["Eagle3DraftModel"], norm_before_residual=cfg.norm_before_residual,
-                      eagle3_ext={"format_version": FORMAT_VERSION, "aux_layer_ids": ids,
-                                  "aux_layer_convention": CONVENTION,
-                                  "target_num_hidden_layers": cfg.target_num_hidden_layers})
+        block = {"format_version": FORMAT_VERSION, "aux_layer_ids": ids, "aux_layer_convention": CONVENTION,
+                 "target_num_hidden_layers": cfg.target_num_hidden_layers, **flags}
+        if cfg.fingerprint is not None:
+            block["fingerprint"] = cfg.fingerprint
+        config = dict(base, architectures=["Eagle3DraftModel"], eagle3_ext=block)
         return config, _renamed_state(model, None)
     if fmt in ("eagle", "specforge"):
-        if cfg.norm_before_residual:
-            raise ValueError(f"the {fmt} layout has no norm_before_residual variant")
-        config = dict(base, architectures=["LlamaForCausalLMEagle3"], bias=cfg.fc_bias)
+        config = dict(base, architectures=["LlamaForCausalLMEagle3"], bias=cfg.fc_bias, **flags)
         if fmt == "eagle":
             layers = cfg.target_num_hidden_layers
             default = list(eagle_default_aux_layers(layers)) if layers else None
@@ -176,25 +233,41 @@ def _formatted(model, fmt: str) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]
             if min(ids) < 1:
                 raise ValueError(f"aux layers {ids} include the embedding output (index 0), which SpecForge's "
                                  "layer-output ids cannot express")
-            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids]}
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
+                                      "use_aux_hidden_state": True}
         return config, _renamed_state(model, "midlayer.")
-    if fmt == "vllm":
-        config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
-                  "transformer_layer_config": _llama_dict(cfg), "draft_vocab_size": cfg.draft_vocab_size,
-                  "target_hidden_size": cfg.target_hidden_size, "norm_before_residual": cfg.norm_before_residual,
-                  "eagle_aux_hidden_state_layer_ids": ids, "vocab_size": cfg.vocab_size}
-        return config, _renamed_state(model, None)
-    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    # vLLM / speculators: its Eagle3SpeculatorConfig, including the speculators_config block
+    # (proposal method and verifier) that vLLM requires.
+    verifier = dict(verifier or {})
+    config = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+              "transformer_layer_config": _llama_dict(cfg), "draft_vocab_size": cfg.draft_vocab_size,
+              "target_hidden_size": cfg.target_hidden_size, "eagle_aux_hidden_state_layer_ids": ids,
+              "vocab_size": cfg.vocab_size, **flags,
+              "speculators_config": {
+                  "algorithm": "eagle3",
+                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                  "default_proposal_method": "greedy",
+                  "verifier": {"name_or_path": verifier.get("name_or_path"),
+                               "architectures": list(verifier.get("architectures") or [])}}}
+    return config, _renamed_state(model, None)
 
 
-def save_draft(model, path: str, fmt: str, safe_serialization: bool = True) -> None:
-    config, state = _formatted(model, fmt)
+def save_draft(model, path: str, fmt: str, safe_serialization: bool = True,
+               verifier: Optional[Mapping[str, Any]] = None, speculative_tokens: int = 3) -> None:
+    if not isinstance(speculative_tokens, int) or speculative_tokens < 1:
+        raise ValueError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
+    config, state = _formatted(model, fmt, verifier, speculative_tokens)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    for stale in (SAFETENSORS_NAME, BIN_NAME):
+    for stale in (SAFETENSORS_NAME, BIN_NAME, FINGERPRINT_NAME):
         if os.path.exists(os.path.join(path, stale)):
             os.remove(os.path.join(path, stale))
+    if fmt != "eagle3_ext" and model.config.fingerprint is not None:
+        # Other formats have no place for it in config.json: a sidecar that this library reads back.
+        with open(os.path.join(path, FINGERPRINT_NAME), "w") as f:
+            json.dump(model.config.fingerprint, f)
     if safe_serialization:
         from safetensors.torch import save_file
         save_file(state, os.path.join(path, SAFETENSORS_NAME), metadata={"format": "pt"})

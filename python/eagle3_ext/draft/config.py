@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -18,6 +18,20 @@ class Eagle3DraftConfig:
     ``output_hidden_states`` tuple (0 = embedding output, i = output of decoder layer i - 1);
     ``aux_layer_ids_source`` says which rule produced them. They stay None until a target's
     layer count is known when the checkpoint relies on EAGLE's default.
+
+    Convention flags (each changes the computation; see docs/conventions.md):
+
+    - ``norm_before_residual``: the first layer's residual is RMSNorm(feature), not the raw feature.
+    - ``fc_norm``: one RMSNorm per aux state before the fc (``fc_norm.{i}``).
+    - ``norm_before_fc``: one RMSNorm over the concatenated aux states before the fc (``input_norm``).
+    - ``norm_output``: the final RMSNorm's output is both what lm_head reads and the hidden state
+      fed to the next draft step (EAGLE-3.1); otherwise the next step reads the pre-norm hidden.
+    - ``final_norm``: lm_head reads RMSNorm(hidden); False (SpecForge's ``norm_output: false``)
+      makes it read the hidden state directly.
+    - ``own_embeddings``: the draft carries its own ``embed_tokens`` instead of sharing the target's.
+
+    ``fingerprint`` is the activation fingerprint recorded at training (``fingerprint.Fingerprint``
+    as a dict), or None.
     """
 
     hidden_size: int
@@ -39,10 +53,15 @@ class Eagle3DraftConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    final_norm: bool = True
+    own_embeddings: bool = False
     aux_layer_ids: Optional[List[int]] = None
     aux_layer_ids_source: str = "unresolved"
     target_num_hidden_layers: Optional[int] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
+    fingerprint: Optional[Dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -72,6 +91,12 @@ class Eagle3DraftConfig:
             raise ValueError(
                 f"Eagle3DraftConfig: draft_vocab_size={self.draft_vocab_size} is larger than the "
                 f"target vocabulary vocab_size={self.vocab_size}")
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("Eagle3DraftConfig: fc_norm (one RMSNorm per aux state) and norm_before_fc (one "
+                             "RMSNorm over their concatenation) exclude each other; set one")
+        if self.norm_output and not self.final_norm:
+            raise ValueError("Eagle3DraftConfig: norm_output feeds the final RMSNorm's output back, which needs "
+                             "final_norm=True")
         if self.hidden_act != "silu":
             raise ValueError(f"Eagle3DraftConfig.hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
         rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))

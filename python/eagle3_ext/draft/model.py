@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,20 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+def joint_rms_norm(parts: Sequence[torch.Tensor], norm: RMSNorm) -> List[torch.Tensor]:
+    """``norm`` over the concatenation of ``parts`` (each [..., H]) along the last dim, returned
+    as the normalized parts, so the concatenation is never materialized."""
+    total = sum(p.shape[-1] for p in parts)
+    sq = sum(p.float().pow(2).sum(-1, keepdim=True) for p in parts)
+    inv = torch.rsqrt(sq / total + norm.eps)
+    out, start = [], 0
+    for p in parts:
+        w = norm.weight[start:start + p.shape[-1]]
+        out.append(w * (p.float() * inv).to(p.dtype))
+        start += p.shape[-1]
+    return out
 
 
 def tree_attention_with_cache(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -122,11 +136,12 @@ class Eagle3DecoderLayer(nn.Module):
 @dataclass
 class Eagle3DraftOutput:
     logits: torch.Tensor  # [B, n, draft_vocab_size]
-    hidden: torch.Tensor  # [B, n, hidden]: the pre-norm feature the next draft step reads
+    hidden: torch.Tensor  # [B, n, hidden]: the feature the next draft step reads (pre-norm unless norm_output)
 
 
 class Eagle3DraftModel(nn.Module):
-    """EAGLE-3 draft head. Token embeddings are the target's (``bind_embeddings``), not stored."""
+    """EAGLE-3 draft head. Token embeddings are the target's (``bind_embeddings``), unless the
+    checkpoint carries its own ``embed_tokens`` that differs from the target's."""
 
     def __init__(self, config: Eagle3DraftConfig):
         super().__init__()
@@ -137,6 +152,11 @@ class Eagle3DraftModel(nn.Module):
             [Eagle3DecoderLayer(config, reads_embeddings=(i == 0)) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        k, target_h, eps = config.num_aux_layers, config.target_hidden_size, config.rms_norm_eps
+        # Optional normalization of the captured states before the fc (see Eagle3DraftConfig).
+        self.fc_norm = nn.ModuleList([RMSNorm(target_h, eps) for _ in range(k)]) if config.fc_norm else None
+        self.input_norm = RMSNorm(k * target_h, eps) if config.norm_before_fc else None
+        self.embed_tokens = nn.Embedding(config.vocab_size, h) if config.own_embeddings else None
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
         # Kept out of the buffers so that .to(bfloat16) cannot round the rope frequencies.
@@ -181,7 +201,7 @@ class Eagle3DraftModel(nn.Module):
             raise ValueError(
                 f"target hidden size {hidden} differs from the draft's target_hidden_size "
                 f"{cfg.target_hidden_size}: the draft was trained for another target")
-        if hidden != cfg.hidden_size:
+        if hidden != cfg.hidden_size and not cfg.own_embeddings:
             raise ValueError(
                 f"target hidden size {hidden} differs from the draft's hidden size {cfg.hidden_size}: the "
                 f"draft reads the target's token embeddings, which must have its width")
@@ -216,23 +236,46 @@ class Eagle3DraftModel(nn.Module):
 
     # --- embeddings and fc -------------------------------------------------------------------
     def bind_embeddings(self, embedding: nn.Embedding) -> None:
-        """Shares the target's token embedding (not copied, not saved with the draft)."""
+        """Shares the target's token embedding (not copied, not saved with the draft).
+
+        A draft with its own ``embed_tokens`` keeps using them when they differ from the
+        target's (and exports them); when they are equal it drops its copy and shares.
+        """
         width = embedding.weight.shape[-1]
+        own = self.embed_tokens
+        if own is not None:
+            same = own.weight.shape == embedding.weight.shape and torch.equal(
+                own.weight.detach().to(embedding.weight.device, embedding.weight.dtype), embedding.weight.detach())
+            if not same:
+                logger.info("Eagle3 draft: its own embed_tokens differ from the target's embedding; the draft keeps "
+                            "using its own")
+                object.__setattr__(self, "_embed", embedding)
+                return
+            logger.info("Eagle3 draft: its embed_tokens equal the target's embedding; sharing the target's")
+            self.embed_tokens = None
+            self.config.own_embeddings = False
         if width != self.config.hidden_size:
             raise ValueError(f"target embedding width {width} differs from the draft hidden size "
                              f"{self.config.hidden_size}")
         object.__setattr__(self, "_embed", embedding)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            return self.embed_tokens(input_ids)
         if self._embed is None:
             raise RuntimeError("Eagle3DraftModel: no token embedding bound; call "
                                "draft.bind_embeddings(target.get_input_embeddings()) first")
         return self._embed(input_ids)
 
     def project_aux(self, aux_hidden: Sequence[torch.Tensor]) -> torch.Tensor:
-        """fc over the k captured target hidden states [B, T, H] each -> features [B, T, hidden]."""
+        """fc over the k captured target hidden states [B, T, H] each -> features [B, T, hidden],
+        after the optional per-state (``fc_norm``) or joint (``norm_before_fc``) RMSNorm."""
         w = self.fc.weight
         aux = [a.to(w.dtype) for a in aux_hidden]
+        if self.fc_norm is not None:
+            aux = [norm(a) for norm, a in zip(self.fc_norm, aux)]
+        elif self.input_norm is not None:
+            aux = joint_rms_norm(aux, self.input_norm)
         return ops.fused_aux_fc(aux, w, self.fc.bias)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -286,11 +329,13 @@ class Eagle3DraftModel(nn.Module):
 
         hidden = self.run_layers(input_ids, hidden_states, position_ids, cached_attend)
         cache.tree_len += n
-        return Eagle3DraftOutput(logits=self.logits(hidden), hidden=hidden)
+        logits, hidden = self.head(hidden)
+        return Eagle3DraftOutput(logits=logits, hidden=hidden)
 
     def run_layers(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, position_ids: torch.Tensor,
                    attend_for_layer: Callable[[int], Attend]) -> torch.Tensor:
-        """The decoder layers over [B, n] tokens; returns the pre-norm hidden [B, n, hidden]."""
+        """The decoder layers over [B, n] tokens; returns their output [B, n, hidden] (before the
+        final norm; ``head`` turns it into logits and the next step's feature)."""
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, hidden_states.dtype)
         embeds = self.embed(input_ids).to(hidden_states.dtype)
         hidden = hidden_states
@@ -298,9 +343,15 @@ class Eagle3DraftModel(nn.Module):
             hidden = layer(hidden, embeds if i == 0 else None, cos, sin, attend_for_layer(i))
         return hidden
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [B, n, draft_vocab_size] from pre-norm hidden states."""
-        return self.lm_head(self.norm(hidden))
+    def head(self, hidden: torch.Tensor):
+        """(logits [B, n, draft_vocab_size], the hidden state the next draft step reads) from the
+        decoder layers' output, per the ``norm_output`` / ``final_norm`` convention."""
+        if self.config.norm_output:
+            normed = self.norm(hidden)
+            return self.lm_head(normed), normed
+        if not self.config.final_norm:
+            return self.lm_head(hidden), hidden
+        return self.lm_head(self.norm(hidden)), hidden
 
     # --- checkpoints -----------------------------------------------------------------------
     @classmethod
@@ -310,7 +361,13 @@ class Eagle3DraftModel(nn.Module):
         from .checkpoint import load_draft
         return load_draft(cls, path, target_config)
 
-    def save_pretrained(self, path: str, format: str = "eagle3_ext", safe_serialization: bool = True) -> None:
-        """Saves as ``format``: "eagle3_ext", "eagle", "specforge" (SGLang) or "vllm"."""
+    def save_pretrained(self, path: str, format: str = "eagle3_ext", safe_serialization: bool = True,
+                        verifier: Optional[dict] = None, speculative_tokens: int = 3) -> None:
+        """Saves as ``format``: "eagle3_ext", "eagle", "specforge" (SGLang) or "vllm".
+
+        ``verifier`` ({"name_or_path", "architectures"}) and ``speculative_tokens`` fill the vllm
+        format's ``speculators_config`` block. A convention the format cannot express is a
+        ValueError naming it and the formats that can.
+        """
         from .checkpoint import save_draft
-        save_draft(self, path, format, safe_serialization)
+        save_draft(self, path, format, safe_serialization, verifier=verifier, speculative_tokens=speculative_tokens)

@@ -18,7 +18,8 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ..distributed import tp
-from ..draft import Eagle3DraftModel
+from ..draft import Eagle3DraftModel, fingerprint
+from ..draft.aux_layers import describe_fix
 from ..tree import verify_greedy, verify_sampling
 from .capture import AuxHiddenCapture
 from .config import SamplingConfig, TreeConfig, filtered_probs
@@ -27,6 +28,10 @@ from .stats import GenerationStats
 from .target import TargetRunner
 
 logger = logging.getLogger(__name__)
+
+
+class CaptureMismatchError(ValueError):
+    """The captured target states do not match the draft's activation fingerprint."""
 
 
 @dataclass
@@ -53,10 +58,15 @@ class SpeculativeGenerator:
             passes a 4D mask.
         check_ranks: under tensor parallelism, verify after each call that every rank produced
             the same tokens (an all-gather; default: the EAGLE3_CHECK_RANKS environment variable).
+        strict: the capture guard. When the draft carries an activation fingerprint, the first
+            ``generate`` runs the fingerprint's probe through the target and compares the
+            captured states with it before any draft step; a mismatch (a capture of other layers
+            than the draft was trained on, or another target) raises ``CaptureMismatchError``.
+            ``strict=False`` turns that into a warning.
     """
 
     def __init__(self, target, draft: Eagle3DraftModel, tree: TreeConfig = TreeConfig(), tokenizer=None,
-                 attention: str = "tree", check_ranks: Optional[bool] = None):
+                 attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True):
         if attention not in ("tree", "sdpa"):
             raise ValueError(f"attention must be 'tree' or 'sdpa', got {attention!r}")
         self.target = target.eval()
@@ -73,6 +83,8 @@ class SpeculativeGenerator:
         self._ensure_tree_attention()
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
+        self.strict = strict
+        self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
 
     # --- inputs ----------------------------------------------------------------------------
     def _prompt_ids(self, prompts) -> List[List[int]]:
@@ -148,6 +160,7 @@ class SpeculativeGenerator:
 
         stats = GenerationStats(depth_accepted=[0] * self.tree.depth)
         started = time.perf_counter()
+        stats.guard_time_s = self._guard_capture()
         runner = TargetRunner(self.target, self.capture, self.use_tree_attention)
         out = runner.prefill(input_ids, attention_mask)
         stats.target_forwards += 1
@@ -253,6 +266,22 @@ class SpeculativeGenerator:
         from .. import hf_attention
         if getattr(self.target.config, "_attn_implementation", None) != hf_attention.ATTENTION_NAME:
             self.target.set_attn_implementation(hf_attention.register())
+
+    def _guard_capture(self) -> float:
+        """The capture guard (see ``strict``); returns the seconds it took (0 after the first call)."""
+        fp = self.draft.config.fingerprint
+        if fp is None or self.capture_check is not None:
+            return 0.0
+        self.capture_check = fingerprint.check(fp, self.target, self.draft.aux_layer_ids)
+        if not self.capture_check.ok:
+            message = f"capture check failed: {self.capture_check.describe()}"
+            if self.capture_check.problem is None and None not in self.capture_check.looks_like:
+                message += f". To read the trained layers, {describe_fix(self.capture_check.trained_ids)}"
+            message += "; or pass strict=False (eagle3 generate --no-strict-capture) to run anyway"
+            if self.strict:
+                raise CaptureMismatchError(message)
+            logger.warning(message)
+        return self.capture_check.time_s
 
     def _check_capture_width(self, aux_hidden: List[torch.Tensor]) -> None:
         hidden = self.draft.config.target_hidden_size

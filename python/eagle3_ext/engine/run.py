@@ -37,6 +37,7 @@ class GenerateRequest:
     dtype: str = "float32"
     draft_dtype: Optional[str] = None   # None: as the draft was saved
     check_ranks: bool = False
+    strict_capture: bool = True         # the capture guard raises (False: warns)
 
     def tree(self) -> TreeConfig:
         if self.chain:
@@ -87,7 +88,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     target_dir, draft_dir = resolve_models(req.target, req.draft)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
     gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
-                               check_ranks=req.check_ranks or None)
+                               check_ranks=req.check_ranks or None, strict=req.strict_capture)
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     streamer = None
     if progress and tp.rank() == 0:
@@ -107,6 +108,9 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens},
         "finish_reason": out.finish_reasons[0], "target": target_dir, "draft": draft_dir,
         "world_size": tp.world_size(),
+        "capture_check": None if gen.capture_check is None else {
+            "ok": gen.capture_check.ok, "message": gen.capture_check.describe(),
+            "time_s": gen.capture_check.time_s},
     }
     if req.baseline:
         report.update(baseline(target, tokenizer, prompt, req, out.sequences[0], stats.total_time_s))

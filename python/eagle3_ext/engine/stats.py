@@ -24,6 +24,7 @@ class GenerationStats:
     verify_time_s: float = 0.0        # the target's verify forward
     accept_time_s: float = 0.0        # greedy / sampling verification
     compact_time_s: float = 0.0       # KV compaction and next-round inputs
+    guard_time_s: float = 0.0         # the capture guard's probe forward (first call only)
     total_time_s: float = 0.0
 
     @property
@@ -38,7 +39,7 @@ class GenerationStats:
     def other_time_s(self) -> float:
         """Prefill, bookkeeping and Python overhead: the rest of the wall time."""
         return self.total_time_s - (self.draft_time_s + self.tree_build_time_s + self.verify_time_s
-                                    + self.accept_time_s + self.compact_time_s)
+                                    + self.accept_time_s + self.compact_time_s + self.guard_time_s)
 
     @property
     def tokens_per_s(self) -> float:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers
+from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers, fingerprint
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from ..dtypes import DTYPES, check_dtype_name
 from ..engine.capture import AuxHiddenCapture
@@ -49,6 +49,12 @@ class TrainConfig:
     seed: int = 0
     resume: bool = False
     export_specforge: bool = True
+    export_vllm: bool = True
+    # Convention flags of the new draft (Eagle3DraftConfig documents each).
+    norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
     max_steps: Optional[int] = None            # stop early (for quick runs and tests)
     progress: bool = True
 
@@ -75,8 +81,9 @@ class TrainResult:
     metrics: Dict[str, Any] = field(default_factory=dict)
 
 
-def draft_config_for(target_config, aux_layers: List[int], draft_vocab_size: int) -> Eagle3DraftConfig:
-    """A one-layer draft shaped like one of the target's decoder layers."""
+def draft_config_for(target_config, aux_layers: List[int], draft_vocab_size: int, **flags) -> Eagle3DraftConfig:
+    """A one-layer draft shaped like one of the target's decoder layers; ``flags`` are its
+    convention flags (norm_before_residual, fc_norm, norm_before_fc, norm_output)."""
     layers, hidden, vocab = target_dims(target_config)
     get = lambda k, d=None: getattr(target_config, k, d)  # noqa: E731
     rope = get("rope_parameters") or {}
@@ -88,7 +95,7 @@ def draft_config_for(target_config, aux_layers: List[int], draft_vocab_size: int
         vocab_size=vocab, draft_vocab_size=draft_vocab_size, rms_norm_eps=get("rms_norm_eps", 1e-6),
         rope_theta=get("rope_theta") or rope.get("rope_theta", 10000.0), rope_scaling=scaling,
         max_position_embeddings=get("max_position_embeddings", 2048), aux_layer_ids=list(aux_layers),
-        aux_layer_ids_source="eagle3 train", target_num_hidden_layers=layers)
+        aux_layer_ids_source="eagle3 train", target_num_hidden_layers=layers, **flags)
 
 
 class Trainer:
@@ -130,7 +137,9 @@ class Trainer:
             if config.draft_vocab_size and config.draft_vocab_size > vocab:
                 raise ValueError(f"--draft-vocab-size {config.draft_vocab_size} is larger than the target "
                                  f"vocabulary ({vocab})")
-            self.draft = Eagle3DraftModel(draft_config_for(self.target.config, aux, draft_vocab))
+            flags = {k: getattr(config, k) for k in ("norm_before_residual", "fc_norm", "norm_before_fc",
+                                                     "norm_output")}
+            self.draft = Eagle3DraftModel(draft_config_for(self.target.config, aux, draft_vocab, **flags))
             counts = torch.zeros(vocab, dtype=torch.int64)
             for e in self.train_set:
                 counts += torch.bincount(e.input_ids[e.loss_mask], minlength=vocab)
@@ -141,6 +150,10 @@ class Trainer:
                 self._init_from_target()
         self.draft.bind_embeddings(self.target.get_input_embeddings())
         self.draft.validate_against_target(self.target.config)
+        if self.draft.config.fingerprint is None:
+            # What the target's states at the trained layers look like, checked before the draft runs.
+            probe = fingerprint.probe_from_sequences(e.input_ids.tolist() for e in (self.val or self.train_set))
+            self.draft.config.fingerprint = fingerprint.record(self.target, self.draft.aux_layer_ids, probe)
         self.capture = AuxHiddenCapture(self.target, self.draft.aux_layer_ids)
         self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=config.lr, betas=(0.9, 0.95))
         if config.resume:
@@ -263,11 +276,16 @@ class Trainer:
 
     def export(self) -> None:
         self.draft.save_pretrained(self.config.out, format="eagle3_ext")
-        if self.config.export_specforge:
+        verifier = {"name_or_path": self.config.target,
+                    "architectures": list(getattr(self.target.config, "architectures", None) or [])}
+        for fmt, wanted in (("specforge", self.config.export_specforge), ("vllm", self.config.export_vllm)):
+            if not wanted:
+                continue
             try:
-                self.draft.save_pretrained(os.path.join(self.config.out, "specforge"), format="specforge")
-            except ValueError as e:  # e.g. the embedding output is captured: no SpecForge id for it
-                logger.warning("not exporting the SpecForge/SGLang format: %s", e)
+                self.draft.save_pretrained(os.path.join(self.config.out, fmt), format=fmt, verifier=verifier,
+                                           speculative_tokens=self.config.ttt_steps)
+            except ValueError as e:  # a capture or convention the format cannot express
+                logger.warning("not exporting the %s format: %s", fmt, e)
 
 
 def train(config: TrainConfig) -> TrainResult:

@@ -15,7 +15,7 @@ chat data, beyond the sequence) or the target's top token is outside the draft v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import Iterator, List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ class TTTStats:
     step_loss: List[float] = field(default_factory=list)    # per step, masked mean
     correct: List[int] = field(default_factory=list)        # per step: draft argmax == target argmax
     counted: List[int] = field(default_factory=list)        # per step: positions scored
+    token_ce: List[torch.Tensor] = field(default_factory=list)      # per step [B, T] (per_token only)
+    token_hit: List[torch.Tensor] = field(default_factory=list)     # per step [B, T] bool
+    token_scored: List[torch.Tensor] = field(default_factory=list)  # per step [B, T] bool
 
 
 def shift(x: torch.Tensor, s: int, fill=0) -> torch.Tensor:
@@ -70,14 +73,29 @@ class TTTAttention:
         return attend
 
 
+def ttt_logits(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], input_ids: torch.Tensor,
+               valid: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
+    """The draft's logits [B, T, Vd] at each unrolled step (see the module docstring): step i
+    reads token x_{t+1+i} at position t + i and the previous step's output feature."""
+    b, t = input_ids.shape
+    attention = TTTAttention(len(draft.layers), valid)
+    hidden = draft.project_aux(aux_hidden)
+    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    for i in range(steps):
+        hidden = draft.run_layers(shift(input_ids, 1 + i), hidden, positions + i, attention.for_layer)
+        logits, hidden = draft.head(hidden)
+        yield logits
+
+
 def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], target_logits: torch.Tensor,
-                input_ids: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor, steps: int) -> TTTStats:
+                input_ids: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor, steps: int,
+                per_token: bool = False) -> TTTStats:
     """Unrolls the draft ``steps`` times over a batch and returns the TTT loss and accuracies.
 
     Shapes: aux_hidden k x [B, T, H_target]; target_logits [B, T, V]; input_ids, loss_mask,
-    valid [B, T] (valid = not padding).
+    valid [B, T] (valid = not padding). ``per_token`` also keeps, per step, each position's
+    cross-entropy and hit (draft top-1 == target top-1) with the mask of scored positions.
     """
-    b, t = input_ids.shape
     draft_target_ids = torch.arange(draft.config.draft_vocab_size, device=input_ids.device) + draft.d2t
     logits = target_logits.float()
     target_top = logits.argmax(-1)                                    # [B, T]
@@ -85,14 +103,9 @@ def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], tar
     target_p = logits[..., draft_target_ids].softmax(-1)              # [B, T, Vd]
     trained = valid & loss_mask
 
-    attention = TTTAttention(len(draft.layers), valid)
-    hidden = draft.project_aux(aux_hidden)
-    positions = torch.arange(t, device=input_ids.device).expand(b, t)
-    stats = TTTStats(loss=hidden.new_zeros((), dtype=torch.float32))
-    for i in range(steps):
-        ids_i = shift(input_ids, 1 + i)
-        hidden = draft.run_layers(ids_i, hidden, positions + i, attention.for_layer)
-        log_p = F.log_softmax(draft.logits(hidden).float(), dim=-1)
+    stats = TTTStats(loss=torch.zeros((), dtype=torch.float32, device=input_ids.device))
+    for i, step_logits in enumerate(ttt_logits(draft, aux_hidden, input_ids, valid, steps)):
+        log_p = F.log_softmax(step_logits.float(), dim=-1)
         scored = shift(trained, 2 + i, False)
         weighted = scored & shift(in_draft_vocab, 1 + i, False)
         ce = -(shift(target_p, 1 + i) * log_p).sum(-1)
@@ -102,6 +115,10 @@ def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], tar
         hit = (draft_target_ids[log_p.argmax(-1)] == shift(target_top, 1 + i)) & scored
         stats.correct.append(int(hit.sum()))
         stats.counted.append(int(scored.sum()))
+        if per_token:
+            stats.token_ce.append(ce.detach())
+            stats.token_hit.append(hit)
+            stats.token_scored.append(scored)
     return stats
 
 
