@@ -2,9 +2,11 @@
 
     python benchmarks/bench_tree_attention.py [--device cpu|cuda] [--dtype bf16 ...]
         [--prefix 128 1024 ...] [--tree 8 32 64] [--batch 1 8 32] [--paged PAGE]
-        [--quick] [--out FILE.json]
+        [--heads HQ HKV] [--head-dim DQK [DV]] [--window W] [--quick] [--out FILE.json]
 
-Llama-8B-like heads (32 q heads, 8 kv heads, D = 128). The cache is in Hugging Face's layout
+Llama-8B-like heads by default (32 q heads, 8 kv heads, D = 128); --heads 128 128 --head-dim
+192 128 is DeepSeek-V3's MLA attention (values narrower than queries and keys), --window a
+sliding window (the dense mask carries it too). The cache is in Hugging Face's layout
 [B, Hkv, S, D]; the op reads it through a transposed view, the baseline (what HF's "sdpa"
 attention runs for a tree) calls F.scaled_dot_product_attention with enable_gqa and a dense
 bool mask [B, 1, N, S] built once outside the timed region (so the baseline is not charged for
@@ -44,16 +46,17 @@ def chain_tree_mask(batch: int, n: int, device: str) -> torch.Tensor:
     return (same_chain & (i.view(1, -1) <= i.view(-1, 1))).expand(batch, n, n).contiguous()
 
 
-def bench_shape(batch, prefix, n, dtype, device, budget_s, page_size):
+def bench_shape(batch, prefix, n, dtype, device, budget_s, page_size, heads=(HQ, HKV), dims=(D, D), window=0):
+    (hq, hkv), (dqk, dv) = heads, dims
     s = prefix + n
     g = torch.Generator(device=device).manual_seed(0)
-    k_hf = torch.randn(batch, HKV, s, D, device=device, dtype=dtype, generator=g)
-    v_hf = torch.randn(batch, HKV, s, D, device=device, dtype=dtype, generator=g)
-    q_hf = torch.randn(batch, HQ, n, D, device=device, dtype=dtype, generator=g)
+    k_hf = torch.randn(batch, hkv, s, dqk, device=device, dtype=dtype, generator=g)
+    v_hf = torch.randn(batch, hkv, s, dv, device=device, dtype=dtype, generator=g)
+    q_hf = torch.randn(batch, hq, n, dqk, device=device, dtype=dtype, generator=g)
     lens = torch.full((batch,), prefix, dtype=torch.int32, device=device)
     mask = chain_tree_mask(batch, n, device)
-    dense = reference.dense_tree_mask(lens, mask, s)
-    scale = D**-0.5
+    dense = reference.dense_tree_mask(lens, mask, s, window)
+    scale = dqk**-0.5
     q, k, v = q_hf.transpose(1, 2), k_hf.transpose(1, 2), v_hf.transpose(1, 2)
 
     def run_baseline():
@@ -66,7 +69,7 @@ def bench_shape(batch, prefix, n, dtype, device, budget_s, page_size):
         pad = blocks * page_size - s
 
         def paged(cache):
-            full = torch.nn.functional.pad(cache, (0, 0, 0, 0, 0, pad)).reshape(batch * blocks, page_size, HKV, D)
+            full = torch.nn.functional.pad(cache, (0, 0, 0, 0, 0, pad)).reshape(batch * blocks, page_size, hkv, -1)
             pages = torch.empty_like(full)
             pages[table.flatten().long()] = full
             return pages
@@ -74,20 +77,21 @@ def bench_shape(batch, prefix, n, dtype, device, budget_s, page_size):
         k_pages, v_pages = paged(k), paged(v)
 
         def run_op():
-            return eagle3_ext.tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale)
+            return eagle3_ext.tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale, window)
     else:
         def run_op():
-            return eagle3_ext.tree_attention(q, k, v, lens, mask, scale)
+            return eagle3_ext.tree_attention(q, k, v, lens, mask, scale, window)
 
     torch.testing.assert_close(run_op().float(), run_baseline().transpose(1, 2).float(), atol=3e-2, rtol=3e-2)
     t = compare({"sdpa_dense_mask": run_baseline, "tree_attention": run_op}, device, budget_s=budget_s)
     base, op = t["sdpa_dense_mask"], t["tree_attention"]
     elem = torch.finfo(dtype).bits // 8
-    moved = (2 * batch * s * HKV * D + 2 * batch * n * HQ * D) * elem
-    flops = 4 * batch * HQ * n * s * D
+    keys = min(s, window + n) if window else s
+    moved = (batch * keys * hkv * (dqk + dv) + batch * n * hq * (dqk + dv)) * elem
+    flops = 2 * batch * hq * n * keys * (dqk + dv)
     return {
-        "batch": batch, "prefix": prefix, "tree": n, "q_heads": HQ, "kv_heads": HKV, "head_dim": D,
-        "dtype": str(dtype).replace("torch.", ""), "page_size": page_size,
+        "batch": batch, "prefix": prefix, "tree": n, "q_heads": hq, "kv_heads": hkv, "head_dim": dqk,
+        "v_head_dim": dv, "window": window, "dtype": str(dtype).replace("torch.", ""), "page_size": page_size,
         **speed_figures(base, op, moved, flops),
     }
 
@@ -100,6 +104,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", nargs="+", type=int)
     parser.add_argument("--batch", nargs="+", type=int)
     parser.add_argument("--paged", type=int, default=0, metavar="PAGE", help="read K/V from pages of this size")
+    parser.add_argument("--heads", nargs=2, type=int, default=[HQ, HKV], metavar=("HQ", "HKV"))
+    parser.add_argument("--head-dim", nargs="+", type=int, default=[D], metavar="D",
+                        help="query/key head dim, and optionally a different value head dim (MLA: 192 128)")
+    parser.add_argument("--window", type=int, default=0, help="sliding window in positions (0: none)")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per shape")
     parser.add_argument("--quick", action="store_true", help="few small shapes, for a first look")
     parser.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads) for op and baseline")
@@ -115,6 +123,11 @@ def main(argv=None) -> int:
     batches = args.batch or grid["batch"]
     if min(prefixes) < 0 or min(trees) <= 0 or min(batches) <= 0:
         parser.error("--prefix takes integers >= 0, --tree and --batch positive integers")
+    if len(args.head_dim) > 2 or min(args.head_dim) <= 0 or min(args.heads) <= 0 or args.heads[0] % args.heads[1]:
+        parser.error("--head-dim takes one or two positive integers; --heads HQ HKV with HQ a multiple of HKV")
+    if args.window < 0:
+        parser.error("--window takes an integer >= 0")
+    dims = (args.head_dim[0], args.head_dim[-1])
 
     roofline = device_roofline(args.device)
     report = {
@@ -132,7 +145,8 @@ def main(argv=None) -> int:
         for batch in batches:
             for prefix in prefixes:
                 for n in trees:
-                    r = bench_shape(batch, prefix, n, DTYPES[dtype_name], args.device, args.budget, args.paged)
+                    r = bench_shape(batch, prefix, n, DTYPES[dtype_name], args.device, args.budget, args.paged,
+                                    tuple(args.heads), dims, args.window)
                     report["results"].append(r)
                     line = (f"{dtype_name:>5} {batch:>3} {prefix:>6} {n:>3} {r['baseline']['median_ms']:>13.3f} "
                             f"{r['op']['median_ms']:>9.3f} {r['speedup']:>7.2f}x {r['op_GBps']:>7.1f} {r['op_TFLOPs']:>8.3f}")

@@ -70,26 +70,42 @@ TORCH_LIBRARY(eagle3, m) {
       "Tensor uniform_samples_for_final_sampling, Tensor target_probs, Tensor(d!) draft_probs, "
       "float threshold_single, float threshold_acc, bool deterministic) -> ()");
   // Attention of N draft-tree tokens against a KV prefix plus the tree itself (verify forward).
-  //   q:            [B, N, Hq, D], the tree tokens' queries (any strides).
-  //   k/v_cache:    [B, S_max, Hkv, D] (strided views allowed, e.g. HF's [B, Hkv, S, D]
-  //                 permuted; unit stride along D); the tree tokens' K/V are already written
-  //                 at positions cache_lens[b] .. cache_lens[b] + N - 1. Hq % Hkv == 0 (GQA).
+  //   q:            [B, N, Hq, Dqk], the tree tokens' queries (any strides).
+  //   k_cache:      [B, S_max, Hkv, Dqk]; v_cache: [B, S_max, Hkv, Dv] (Dv may differ from Dqk,
+  //                 as in MLA: DeepSeek-V3 192 / 128). Strided views allowed (e.g. HF's
+  //                 [B, Hkv, S, D] permuted; unit stride along the head dim); the tree tokens'
+  //                 K/V are already written at cache_lens[b] .. cache_lens[b] + N - 1.
+  //                 Hq % Hkv == 0 (GQA).
   //   cache_lens:   int32 or int64 [B], committed prefix length of each request.
   //   tree_mask:    bool [B, N, N], [b, i, j] = tree token i sees tree token j (ancestors and
   //                 itself; the diagonal must be set, a padding row sets only the diagonal).
-  //   scale:        softmax scale (usually D ** -0.5).
-  //   returns [B, N, Hq, D] in q's dtype; softmax in fp32. Query i of request b sees prefix
+  //   scale:        softmax scale (usually Dqk ** -0.5).
+  //   window:       0, or a sliding window of W positions: token i, at position
+  //                 cache_lens[b] + d_i (d_i = the tree tokens it sees minus one, its depth),
+  //                 sees only positions > its position - W (prefix position s at s, tree token
+  //                 j at cache_lens[b] + d_j), as transformers' sliding_window_overlay.
+  //   softcap:      0, or c > 0: logits become c * tanh(scale * q.k / c) (Gemma 2).
+  //   sinks:        None, or [Hq] per-head sink logits (GPT-OSS): each head's softmax
+  //                 denominator also counts exp(sink), which has no value.
+  //   tree_start:   None, or int32 / int64 [B]: the tree tokens' K/V sit at cache slots
+  //                 tree_start[b] + j instead of cache_lens[b] + j (>= cache_lens[b]); requests
+  //                 of different lengths can then share one append offset. Positions do not
+  //                 change: tree token j is still at cache_lens[b] + its depth.
+  //   returns [B, N, Hq, Dv] in q's dtype; softmax in fp32. Query i of request b sees prefix
   //   positions [0, cache_lens[b]) and tree positions cache_lens[b] + j where the mask is set.
   m.def(
       "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, "
-      "Tensor tree_mask, float scale) -> Tensor");
+      "Tensor tree_mask, float scale, int window=0, float softcap=0., Tensor? sinks=None, "
+      "Tensor? tree_start=None) -> Tensor");
 
   // tree_attention over a paged KV cache.
-  //   k/v_pages:    [P, page_size, Hkv, D] physical pages (strided views allowed).
+  //   k_pages:      [P, page_size, Hkv, Dqk]; v_pages: [P, page_size, Hkv, Dv] (strided views
+  //                 allowed).
   //   block_table:  int32 [B, max_blocks], logical page p of request b is physical page
   //                 block_table[b, p]; cache position s lives in page s // page_size at row
   //                 s % page_size. The other arguments are those of tree_attention.
   m.def(
       "tree_attention_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, "
-      "Tensor cache_lens, Tensor tree_mask, float scale) -> Tensor");
+      "Tensor cache_lens, Tensor tree_mask, float scale, int window=0, float softcap=0., "
+      "Tensor? sinks=None, Tensor? tree_start=None) -> Tensor");
 }

@@ -111,18 +111,24 @@ def test_without_tree_kwargs_it_is_sdpa(device):
     torch.testing.assert_close(rest, expected[:, 5:], atol=1e-4, rtol=1e-4)
 
 
-def test_sliding_window_beyond_the_cache_is_refused():
+@pytest.mark.parametrize("window", [3, 8], ids=lambda w: f"window{w}")
+def test_sliding_window_tree_forward_matches_per_path_forwards(window):
+    # A window shorter than prompt + tree: the tree forward over a full-history cache must equal
+    # a plain forward of the model (with its own sliding-window mask) over prompt + each path.
     model = tiny_model("cpu", "mistral")
-    model.config.sliding_window = 8
-    for layer in model.model.layers:
-        layer.self_attn.config.sliding_window = 8
-    model.set_attn_implementation(hf_attention.ATTENTION_NAME)
+    model.config.sliding_window = window
     ids, positions, mask = tree_inputs(PARENTS, 1, "cpu")
+    prompt = torch.randint(0, 97, (1, PROMPT), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        cache = model(input_ids=torch.arange(PROMPT).view(1, -1), use_cache=True).cache
-        with pytest.raises(NotImplementedError, match=r"sliding window of 8 positions but the cache holds \d+"):
-            model(input_ids=ids, position_ids=positions, cache=cache, tree_mask=mask,
-                  cache_lens=torch.tensor([PROMPT]))
+        model.set_attn_implementation("sdpa")
+        cache = model(input_ids=prompt, use_cache=True, cache=transformers.DynamicCache()).cache
+        model.set_attn_implementation(hf_attention.ATTENTION_NAME)
+        tree = model(input_ids=ids, position_ids=positions, cache=cache, tree_mask=mask,
+                     cache_lens=torch.tensor([PROMPT])).logits
+        model.set_attn_implementation("sdpa")
+        for i in range(len(PARENTS)):
+            seq = torch.cat([prompt, ids[:, path(PARENTS, i)]], dim=1)
+            torch.testing.assert_close(tree[:, i], model(input_ids=seq).logits[:, -1], atol=1e-4, rtol=1e-4)
 
 
 def test_one_tree_keyword_alone_is_an_error():

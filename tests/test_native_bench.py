@@ -45,3 +45,25 @@ def test_bad_arguments_print_usage_and_fail(args, message):
     run = subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert message in run.stderr and "usage: eagle3_bench" in run.stderr
+
+
+@needs_binary
+@pytest.mark.parametrize("shape", ["W=4,Dv=32,sinks=1,softcap=5", "D=48,Dv=80"], ids=["window-sinks-softcap", "mla-dims"])
+def test_tree_attention_feature_shapes(tmp_path, shape):
+    out = tmp_path / "report.json"
+    run = subprocess.run([BINARY, "--preset", "tiny", "--op", "tree_attention", "--shape", shape, "--repeat", "2",
+                          "--warmup", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    for item in shape.split(","):
+        key, value = item.split("=")
+        if key in ("W", "Dv", "softcap"):
+            assert f"{key}={value}" in result["shape"]
+    assert result["speedup"] > 0
+
+
+@needs_binary
+@pytest.mark.parametrize("preset", ["decode-dsv3", "decode-kimi-k2", "decode-gpt-oss", "decode-mistral-swa"])
+def test_modern_attention_presets_are_listed(preset):
+    run = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and preset in run.stdout

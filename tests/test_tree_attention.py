@@ -24,14 +24,15 @@ def random_tree_mask(n, generator, kind="tree", padding=0):
 
 
 def make_case(lens, n, hq, hkv, d, dtype, device, kind="tree", padding=0, s_max=None, seed=0,
-              lens_dtype=torch.int32):
-    """q [B, N, Hq, D], k/v [B, S_max, Hkv, D] (random, including the unused tail), cache_lens, mask."""
+              lens_dtype=torch.int32, dv=None):
+    """q [B, N, Hq, D], k [B, S_max, Hkv, D], v [B, S_max, Hkv, Dv] (random, including the unused
+    tail; Dv = D unless given), cache_lens, mask."""
     g = torch.Generator().manual_seed(seed)
     b = len(lens)
     s_max = s_max or max(lens) + n + 3
     q = torch.randn(b, n, hq, d, generator=g).to(dtype=dtype, device=device)
     k = torch.randn(b, s_max, hkv, d, generator=g).to(dtype=dtype, device=device)
-    v = torch.randn(b, s_max, hkv, d, generator=g).to(dtype=dtype, device=device)
+    v = torch.randn(b, s_max, hkv, dv or d, generator=g).to(dtype=dtype, device=device)
     mask = torch.stack([random_tree_mask(n, g, kind, padding) for _ in range(b)]).to(device)
     cache_lens = torch.tensor(lens, dtype=lens_dtype, device=device)
     return q, k, v, cache_lens, mask
@@ -122,6 +123,129 @@ def test_cpu_kv_splits_for_few_tasks(dtype, paged):
         torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[dtype])
     finally:
         torch.set_num_threads(threads)
+
+
+# --- what modern attention layers need: Dv != Dqk (MLA), windows, soft-caps, sinks -------------
+
+FEATURES = {
+    # name: (Dqk, Dv, window, softcap, sinks)
+    "mla-192-128": (192, 128, 0, 0.0, False),
+    "dv-wider": (48, 80, 0, 0.0, False),
+    "window-1": (64, 64, 1, 0.0, False),
+    "window-5": (64, 64, 5, 0.0, False),
+    "window-past-cache": (64, 64, 10_000, 0.0, False),
+    "softcap": (64, 64, 0, 5.0, False),
+    "sinks": (64, 64, 0, 0.0, True),
+    "gemma2-like": (128, 128, 24, 50.0, False),
+    "gpt-oss-like": (64, 64, 16, 0.0, True),
+    "all": (96, 64, 9, 8.0, True),
+}
+
+
+def check_features(q, k, v, lens, mask, window, softcap, sinks, paged_page=0):
+    scale = q.size(-1) ** -0.5
+    if paged_page:
+        k_pages, table = to_pages(k, paged_page)
+        v_pages, _ = to_pages(v, paged_page)
+        out = tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale, window, softcap, sinks)
+    else:
+        out = tree_attention(q, k, v, lens, mask, scale, window, softcap, sinks)
+    expected = reference.tree_attention(q, k, v, lens, mask, scale, window, softcap, sinks)
+    assert out.shape == q.shape[:3] + (v.size(-1),) and out.dtype == q.dtype
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[q.dtype])
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("paged", [0, 16], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("feature", list(FEATURES), ids=list(FEATURES))
+def test_modern_attention_features_match_reference(device, dtype, paged, feature):
+    d, dv, window, softcap, with_sinks = FEATURES[feature]
+    q, k, v, lens, mask = make_case([70, 3, 31], 9, 8, 2, d, dtype, device, padding=2, dv=dv)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(5)).to(device) * 2 if with_sinks else None
+    check_features(q, k, v, lens, mask, window, softcap, sinks, paged)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("feature", ["mla-192-128", "window-5", "gpt-oss-like", "all"])
+def test_features_with_cpu_kv_splits(dtype, feature):
+    # Few tasks: the KV range is split and merged (the sinks join the merge once; with a window
+    # the splits cover the window only, and some splits of short requests are empty).
+    d, dv, window, softcap, with_sinks = FEATURES[feature]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(8)
+    try:
+        q, k, v, lens, mask = make_case([3000, 40], 3, 4, 1, d, dtype, "cpu", s_max=3010, dv=dv)
+        window = window and 1500  # a window that still leaves several splits
+        sinks = torch.randn(4) if with_sinks else None
+        check_features(q, k, v, lens, mask, window, softcap, sinks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_features_portable_cpu_build(monkeypatch, dtype):
+    monkeypatch.setenv("EAGLE3_CPU_ISA", "generic")
+    d, dv, window, softcap, _ = FEATURES["all"]
+    q, k, v, lens, mask = make_case([70, 3], 9, 8, 2, d, dtype, "cpu", dv=dv)
+    check_features(q, k, v, lens, mask, window, softcap, torch.randn(8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("paged", [0, 8], ids=["contiguous", "paged"])
+def test_tree_start_reads_the_tree_from_a_shared_offset(device, dtype, paged):
+    # Requests of different lengths whose tree tokens were all appended at one slot (as Hugging
+    # Face's cache does): the same result as with each tree right after its prefix.
+    start = torch.full((3,), 43, dtype=torch.int64, device=device)
+    d, dv, window, softcap, _ = FEATURES["all"]
+    q, k, v, lens, mask = make_case([40, 9, 25], 7, 8, 2, d, dtype, device, s_max=50, dv=dv)
+    sinks = torch.randn(8, device=device)
+    scale = d ** -0.5
+    if paged:
+        k_pages, table = to_pages(k, paged)
+        v_pages, _ = to_pages(v, paged)
+        out = tree_attention_paged(q, k_pages, v_pages, table, lens, mask, scale, window, softcap, sinks, start)
+    else:
+        out = tree_attention(q, k, v, lens, mask, scale, window, softcap, sinks, start)
+    moved_k, moved_v = (reference.move_tree(c, lens, start, 7) for c in (k, v))
+    expected = reference.tree_attention(q, moved_k, moved_v, lens, mask, scale, window, softcap, sinks)
+    torch.testing.assert_close(out.float(), expected.float(), **TOLERANCES[dtype])
+    assert not torch.allclose(out.float(), tree_attention(q, k, v, lens, mask, scale, window, softcap, sinks).float())
+
+
+@pytest.mark.parametrize("window", [1, 3, 8, 100])
+def test_window_is_transformers_sliding_window_on_a_chain(window):
+    # A chain of N tree tokens after a prefix is an ordinary causal sequence: with a window the op
+    # must equal attention under transformers' own sliding-window causal mask function.
+    from transformers.masking_utils import sliding_window_causal_mask_function
+    prefix, n, d = 20, 6, 32
+    q, k, v, lens, mask = make_case([prefix], n, 2, 1, d, torch.float32, "cpu", kind="chain", s_max=prefix + n)
+    q_idx = torch.arange(prefix, prefix + n).view(n, 1)
+    kv_idx = torch.arange(prefix + n).view(1, -1)
+    allowed = sliding_window_causal_mask_function(window)(0, 0, q_idx, kv_idx)       # [N, S]
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    expected = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed, scale=d ** -0.5)
+    out = tree_attention(q, k, v, lens, mask, d ** -0.5, window)
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_features_opcheck_and_compile(device):
+    q, k, v, lens, mask = make_case([5, 12], 4, 4, 2, 64, torch.float32, device, dv=32)
+    sinks = torch.randn(4, device=device)
+    torch.library.opcheck(torch.ops.eagle3.tree_attention.default, (q, k, v, lens, mask, 0.125, 3, 4.0, sinks))
+    k_pages, table = to_pages(k, 4)
+    v_pages, _ = to_pages(v, 4)
+    torch.library.opcheck(torch.ops.eagle3.tree_attention_paged.default,
+                          (q, k_pages, v_pages, table, lens, mask, 0.125, 3, 4.0, sinks))
+
+    def f(q, k, v, lens, mask, sinks):
+        return tree_attention(q * 2, k, v, lens, mask, 0.125, 3, 4.0, sinks).sum(-1)
+
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, lens, mask, sinks), f(q, k, v, lens, mask, sinks))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -282,9 +406,18 @@ def _no_diagonal(args):
          r"q must be float32, float16 or bfloat16, got Double"),
         (lambda a: _set(a, 0, a[0][0]), r"q must have 4 dimensions \[B, N, Hq, D\], got shape \[4, 8, 64\]"),
         (lambda a: _set(a, 1, a[1][0]), r"k_cache must have 4 dimensions \[B, S_max, Hkv, D\]"),
-        (lambda a: _set(a, 2, a[2][:, :8]), r"k_cache has shape \[2, 16, 2, 64\] but v_cache has \[2, 8, 2, 64\]"),
+        (lambda a: _set(a, 2, a[2][:, :8]), r"k_cache has shape \[2, 16, 2, 64\] but v_cache has \[2, 8, 2, 64\]; they must "
+                                            r"match in all but the head dim"),
+        (lambda a: a + [-1], r"window must be 0 \(none\) or a positive number of positions, got -1"),
+        (lambda a: a + [0, -2.0], r"softcap must be 0 \(none\) or a positive finite cap, got -2"),
+        (lambda a: a + [0, 0.0, torch.zeros(4)], r"sinks must have shape \[8\] \(one logit per query head\), got \[4\]"),
+        (lambda a: a + [0, 0.0, torch.zeros(8, dtype=torch.int64)], r"sinks must be float32, float16 or bfloat16"),
+        (lambda a: a + [0, 0.0, None, torch.tensor([5, 8])], r"tree_start\[1\] = 8 is inside the prefix \(cache_lens\[1\] = 9\)"),
+        (lambda a: a + [0, 0.0, None, torch.tensor([5, 13])],
+         r"tree_start\[1\] = 13 plus the 4 tree tokens needs 17 cache positions but k_cache holds S_max = 16"),
+        (lambda a: a + [0, 0.0, None, torch.tensor([5.0, 9.0])], r"tree_start must be int32 or int64, got Float"),
         (lambda a: _set(a, 1, a[1][..., :32]), r"k_cache has head_dim 32 but q has 64"),
-        (lambda a: _set_kv(a, torch.randn(2, 16, 2, 128)[..., ::2]), r"k_cache must have unit stride along head_dim"),
+        (lambda a: _set_kv(a, torch.randn(2, 16, 2, 128)[..., ::2]), r"k_cache must have unit stride along the head dim"),
         (lambda a: _set(a, 3, a[3][:1]), r"cache_lens must have shape \[2\]"),
         (lambda a: _set(a, 3, a[3].float()), r"cache_lens must be int32 or int64, got Float"),
         (lambda a: _set(a, 4, a[4][:, :3]), r"tree_mask must have shape \[2, 4, 4\] \(\[B, N, N\] from q\), got \[2, 3, 4\]"),
@@ -294,8 +427,9 @@ def _no_diagonal(args):
     ids=[
         "mask-without-diagonal", "hq-not-multiple-of-hkv", "cache-too-small", "negative-len",
         "uint8-mask", "float-mask", "k-dtype", "v-dtype", "double-dtype", "q-rank", "k-rank",
-        "kv-shape-mismatch", "head-dim-mismatch", "k-not-unit-stride", "lens-shape", "lens-dtype",
-        "mask-shape", "cache-batch",
+        "kv-shape-mismatch", "negative-window", "negative-softcap", "sinks-shape", "sinks-dtype",
+        "tree-start-in-prefix", "tree-start-past-cache", "tree-start-dtype",
+        "head-dim-mismatch", "k-not-unit-stride", "lens-shape", "lens-dtype", "mask-shape", "cache-batch",
     ],
 )
 def test_bad_inputs_raise_clear_errors(mutate, pattern):

@@ -36,51 +36,91 @@ def make_tokenizer(text: str, vocab_size: int = 320):
     return fast
 
 
+# Per-architecture settings of the tiny targets: a sliding window of 16 positions wherever the
+# architecture has one (so that prompts + generations run past it), Gemma 2's soft-cap, small
+# MoE and MLA shapes. Everything else comes from make_target.
+ARCH_SETTINGS = {
+    "llama": {}, "qwen2": {}, "olmo2": {}, "granite": {}, "phi3": {},
+    "mistral": dict(sliding_window=16),
+    "qwen3": dict(head_dim=16),
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "gemma": dict(head_dim=16),
+    "gemma2": dict(head_dim=16, sliding_window=16, attn_logit_softcapping=20.0, final_logit_softcapping=None),
+    "gemma3_text": dict(head_dim=16, sliding_window=16),
+    "cohere2": dict(sliding_window=16, logit_scale=1.0),  # (its default 1/16 flattens the tiny target)
+    "exaone4": dict(sliding_window=16, sliding_window_pattern=2),
+    "gpt_oss": dict(head_dim=16, sliding_window=16, num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                        moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1),
+}
+
+
 def make_target(path: str, arch: str = "llama", layers: int = 6, hidden: int = 64, seed: int = 0,
                 peaky: float = 8.0, text: str | None = None, residual_scale: float = 1.0):
-    """Saves a random target and its tokenizer to ``path``; returns (model, tokenizer).
+    """Saves a random target of architecture ``arch`` (a key of ARCH_SETTINGS) and its tokenizer
+    to ``path``; returns (model, tokenizer).
 
     ``residual_scale`` > 1 makes every layer change the residual stream more, so that the
-    hidden states of neighbouring layers differ the way a trained model's do."""
+    hidden states of neighbouring layers differ the way a trained model's do; < 1 makes the
+    next token depend mostly on the current one (the context still moves it), which a draft
+    learns in a few dozen steps, as a trained target's draft does."""
     import transformers
 
     tokenizer = make_tokenizer(text or corpus())
     # Room past the tokenizer, as real checkpoints have (some tokenizer classes add tokens).
     vocab = len(tokenizer) + 16
-    common = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-    }[arch]
+    settings = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=512,
+                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                    tie_word_embeddings=False)
+    settings.update(ARCH_SETTINGS[arch])
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**common)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(arch, **settings)).eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(peaky)  # sharp next-token distributions, like a trained model
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.mul_(residual_scale)
-            layer.mlp.down_proj.weight.mul_(residual_scale)
+        model.get_output_embeddings().weight.mul_(peaky)  # sharp next-token distributions, like a trained model
+        if residual_scale != 1.0:
+            for name, p in model.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "down_proj")):
+                    p.mul_(residual_scale)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model, tokenizer
 
 
-def make_trained_pair(workdir, arch: str = "llama", layers: int = 6, steps: int = 40, **train_options):
+def self_generated_jsonl(target, tokenizer, prompts: int = 96, new_tokens: int = 48) -> str:
+    """JSONL of token ids: corpus lines continued greedily by the target itself, what a draft
+    meets at inference (the bundled recipe trains on such text too). Token ids, not text: a
+    random target emits ids whose decoded bytes would not tokenize back to them."""
+    import json
+    lines = corpus(prompts, seed=3).splitlines()
+    enc = tokenizer(lines, return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        out = target.generate(**enc, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                              pad_token_id=tokenizer.pad_token_id)
+    rows = [row[mask.bool()].tolist() + gen.tolist() for row, mask, gen in
+            zip(enc["input_ids"], enc["attention_mask"], out[:, enc["input_ids"].shape[1]:])]
+    return "".join(json.dumps({"input_ids": r}) + "\n" for r in rows)
+
+
+def make_trained_pair(workdir, arch: str = "llama", layers: int = 6, steps: int = 40, self_generated: bool = False,
+                      residual_scale: float = 1.0, **train_options):
     """A tiny target in ``workdir/target`` and an EAGLE-3 draft trained on it for ``steps`` steps
-    in ``workdir/draft`` (acceptance clearly above 1); returns the target model and tokenizer."""
+    in ``workdir/draft`` (acceptance clearly above 1), on corpus text or on the target's own
+    continuations (``self_generated``); returns the target model and tokenizer."""
     from eagle3_ext.train import TrainConfig, train
 
-    target, tok = make_target(os.path.join(workdir, "target"), arch=arch, layers=layers)
-    with open(os.path.join(workdir, "data.txt"), "w") as f:
-        f.write(corpus(300, seed=1))
+    target, tok = make_target(os.path.join(workdir, "target"), arch=arch, layers=layers,
+                              residual_scale=residual_scale)
+    data = os.path.join(workdir, "data.jsonl" if self_generated else "data.txt")
+    with open(data, "w") as f:
+        f.write(self_generated_jsonl(target, tok) if self_generated else corpus(300, seed=1))
     options = dict(ttt_steps=3, epochs=10, lr=1e-2, warmup_steps=5, batch_tokens=512, max_len=64, eval_every=1000,
                    progress=False, max_steps=steps, export_specforge=False)
     options.update(train_options)
-    train(TrainConfig(target=os.path.join(workdir, "target"), data=[os.path.join(workdir, "data.txt")],
-                      out=os.path.join(workdir, "draft"), **options))
+    train(TrainConfig(target=os.path.join(workdir, "target"), data=[data], out=os.path.join(workdir, "draft"),
+                      **options))
     return target, tok
 
 

@@ -7,12 +7,14 @@
 // events on the current stream; weights rotate through copies larger than L2.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,8 +44,10 @@ const char* kUsage =
     "usage: eagle3_bench [--op all|fused_aux_fc|tree_attention|verify] [--preset NAME]\n"
     "                    [--device cpu|cuda] [--dtype fp32|fp16|bf16] [--shape KEY=VALUE,...]\n"
     "                    [--warmup N] [--repeat N] [--json FILE]\n"
-    "presets: tiny, decode-8b, prefill-8b, decode-70b, prefill-70b\n"
-    "shape keys: T, H, k (fused_aux_fc); B, N, S, Hq, Hkv, D (tree_attention); B, N, V (verify)\n";
+    "presets: tiny, decode-8b, prefill-8b, decode-70b, prefill-70b, decode-dsv3, decode-kimi-k2,\n"
+    "         decode-gpt-oss, decode-mistral-swa\n"
+    "shape keys: T, H, k (fused_aux_fc); B, N, S, Hq, Hkv, D, Dv, W, softcap, sinks (tree_attention;\n"
+    "            W = sliding window, 0 none; softcap 0 none; sinks 0/1); B, N, V (verify)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::cerr << "eagle3_bench: " << message << "\n" << kUsage;
@@ -51,24 +55,41 @@ const char* kUsage =
 }
 
 // Presets: sizes of a Llama-3-8B-like (H 4096, 32 q / 8 kv heads) and 70B-like (H 8192,
-// 64 q / 8 kv heads) model at decode (few rows, draft-sized trees) and prefill sizes.
+// 64 q / 8 kv heads) model at decode (few rows, draft-sized trees) and prefill sizes; MLA
+// decode (DeepSeek-V3: 128 heads, Dqk 192 / Dv 128; Kimi-K2: 64 heads, a 64-node tree) and
+// windowed decode (GPT-OSS: 64 q / 8 kv heads of 64, window 128 and sinks; Mistral: window
+// 4096 over a 16k context).
 std::map<std::string, int64_t> preset_shape(const std::string& name) {
-  if (name == "tiny") return {{"T", 4}, {"H", 64}, {"k", 3}, {"B", 2}, {"N", 8}, {"S", 64}, {"Hq", 4}, {"Hkv", 2}, {"D", 64}, {"V", 256}};
-  if (name == "decode-8b") return {{"T", 8}, {"H", 4096}, {"k", 3}, {"B", 8}, {"N", 16}, {"S", 4096}, {"Hq", 32}, {"Hkv", 8}, {"D", 128}, {"V", 32000}};
-  if (name == "prefill-8b") return {{"T", 2048}, {"H", 4096}, {"k", 3}, {"B", 1}, {"N", 64}, {"S", 16384}, {"Hq", 32}, {"Hkv", 8}, {"D", 128}, {"V", 128256}};
-  if (name == "decode-70b") return {{"T", 8}, {"H", 8192}, {"k", 3}, {"B", 8}, {"N", 16}, {"S", 4096}, {"Hq", 64}, {"Hkv", 8}, {"D", 128}, {"V", 32000}};
-  if (name == "prefill-70b") return {{"T", 2048}, {"H", 8192}, {"k", 3}, {"B", 1}, {"N", 64}, {"S", 16384}, {"Hq", 64}, {"Hkv", 8}, {"D", 128}, {"V", 128256}};
-  usage_error("unknown preset '" + name + "'");
+  std::map<std::string, int64_t> s;
+  if (name == "tiny") s = {{"T", 4}, {"H", 64}, {"k", 3}, {"B", 2}, {"N", 8}, {"S", 64}, {"Hq", 4}, {"Hkv", 2}, {"D", 64}, {"V", 256}};
+  else if (name == "decode-8b") s = {{"T", 8}, {"H", 4096}, {"k", 3}, {"B", 8}, {"N", 16}, {"S", 4096}, {"Hq", 32}, {"Hkv", 8}, {"D", 128}, {"V", 32000}};
+  else if (name == "prefill-8b") s = {{"T", 2048}, {"H", 4096}, {"k", 3}, {"B", 1}, {"N", 64}, {"S", 16384}, {"Hq", 32}, {"Hkv", 8}, {"D", 128}, {"V", 128256}};
+  else if (name == "decode-70b") s = {{"T", 8}, {"H", 8192}, {"k", 3}, {"B", 8}, {"N", 16}, {"S", 4096}, {"Hq", 64}, {"Hkv", 8}, {"D", 128}, {"V", 32000}};
+  else if (name == "prefill-70b") s = {{"T", 2048}, {"H", 8192}, {"k", 3}, {"B", 1}, {"N", 64}, {"S", 16384}, {"Hq", 64}, {"Hkv", 8}, {"D", 128}, {"V", 128256}};
+  else if (name == "decode-dsv3") s = {{"T", 8}, {"H", 7168}, {"k", 3}, {"B", 4}, {"N", 16}, {"S", 4096}, {"Hq", 128}, {"Hkv", 128}, {"D", 192}, {"Dv", 128}, {"V", 129280}};
+  else if (name == "decode-kimi-k2") s = {{"T", 8}, {"H", 7168}, {"k", 3}, {"B", 4}, {"N", 64}, {"S", 4096}, {"Hq", 64}, {"Hkv", 64}, {"D", 192}, {"Dv", 128}, {"V", 163840}};
+  else if (name == "decode-gpt-oss") s = {{"T", 8}, {"H", 2880}, {"k", 3}, {"B", 8}, {"N", 16}, {"S", 4096}, {"Hq", 64}, {"Hkv", 8}, {"D", 64}, {"W", 128}, {"sinks", 1}, {"V", 201088}};
+  else if (name == "decode-mistral-swa") s = {{"T", 8}, {"H", 4096}, {"k", 3}, {"B", 8}, {"N", 16}, {"S", 16384}, {"Hq", 32}, {"Hkv", 8}, {"D", 128}, {"W", 4096}, {"V", 32768}};
+  else usage_error("unknown preset '" + name + "'");
+  s.emplace("Dv", s.at("D"));  // (emplace keeps a preset's own value)
+  s.emplace("W", 0);
+  s.emplace("softcap", 0);
+  s.emplace("sinks", 0);
+  return s;
 }
 
-int64_t parse_int(const std::string& flag, const std::string& text) {
+// Keys that may be 0 (a feature switched off); every size must be positive.
+bool may_be_zero(const std::string& key) { return key == "W" || key == "softcap" || key == "sinks"; }
+
+int64_t parse_int(const std::string& flag, const std::string& text, bool zero_ok = false) {
   try {
     size_t used = 0;
     const long long v = std::stoll(text, &used);
-    if (used != text.size() || v <= 0) throw std::invalid_argument(text);
+    if (used != text.size() || v < 0 || (v == 0 && !zero_ok)) throw std::invalid_argument(text);
     return v;
   } catch (const std::exception&) {
-    usage_error(flag + " expects a positive integer, got '" + text + "'");
+    usage_error(flag + (zero_ok ? " expects a non-negative integer, got '" : " expects a positive integer, got '") +
+                text + "'");
   }
 }
 
@@ -95,7 +116,8 @@ Options parse(int argc, char** argv) {
       while (std::getline(ss, item, ',')) {
         const auto eq = item.find('=');
         if (eq == std::string::npos) usage_error("--shape takes KEY=VALUE pairs, got '" + item + "'");
-        o.shape[item.substr(0, eq)] = parse_int("--shape " + item.substr(0, eq), item.substr(eq + 1));
+        const std::string key = item.substr(0, eq);
+        o.shape[key] = parse_int("--shape " + key, item.substr(eq + 1), may_be_zero(key));
       }
     } else {
       usage_error("unknown argument " + a);
@@ -231,26 +253,62 @@ at::Tensor binary_tree_mask(int64_t b, int64_t n, const std::string& device) {
 
 Result bench_tree_attention(const Options& o) {
   const int64_t b = o.shape.at("B"), n = o.shape.at("N"), s = o.shape.at("S"), hq = o.shape.at("Hq"),
-                hkv = o.shape.at("Hkv"), d = o.shape.at("D");
+                hkv = o.shape.at("Hkv"), d = o.shape.at("D"), dv = o.shape.at("Dv"), w = o.shape.at("W");
+  const double softcap = static_cast<double>(o.shape.at("softcap"));
   const auto opts = at::TensorOptions().dtype(dtype_of(o)).device(o.device);
   const int64_t elem = at::elementSize(dtype_of(o));
   auto q = at::randn({b, n, hq, d}, opts);
   auto k = at::randn({b, s + n, hkv, d}, opts);
-  auto v = at::randn({b, s + n, hkv, d}, opts);
+  auto v = at::randn({b, s + n, hkv, dv}, opts);
   auto lens = at::full({b}, s, at::TensorOptions().dtype(at::kLong).device(o.device));
   auto tree = binary_tree_mask(b, n, o.device);
-  // The baseline's dense mask [B, 1, N, S + N] and head-major layouts are built outside the timing.
-  auto dense = at::cat({at::ones({b, n, s}, tree.options()), tree}, -1).unsqueeze(1);
+  std::optional<at::Tensor> sinks;
+  if (o.shape.at("sinks")) sinks = at::randn({hq}, opts.dtype(at::kFloat));
+  // The baseline's dense mask [B, 1, N, S + N] and head-major layouts are built outside the
+  // timing; with a window, the binary tree's depths give each node's position.
+  auto dense = at::cat({at::ones({b, n, s}, tree.options()), tree}, -1);
+  if (w > 0) {
+    const auto depth = tree.sum(-1) - 1;                                          // [B, N]
+    const auto qpos = depth + s;
+    const auto kpos = at::cat({at::arange(s, depth.options()).expand({b, s}), qpos}, -1);  // [B, S + N]
+    dense = dense & (kpos.unsqueeze(1) > (qpos - w).unsqueeze(-1));
+  }
+  dense = dense.unsqueeze(1);
   auto qh = q.transpose(1, 2), kh = k.transpose(1, 2).repeat_interleave(hq / hkv, 1),
        vh = v.transpose(1, 2).repeat_interleave(hq / hkv, 1);
   const double scale = 1.0 / std::sqrt(double(d));
-  auto attn = op_handle("eagle3::tree_attention").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  // SDPA cannot soft-cap or add sinks: then the baseline is the eager form (what Hugging Face
+  // runs for Gemma 2 and GPT-OSS), scores materialized.
+  const bool eager = softcap > 0 || sinks.has_value();
+  auto baseline = [&] {
+    if (!eager) {
+      at::scaled_dot_product_attention(qh, kh, vh, dense, 0.0, false, scale);
+      return;
+    }
+    auto scores = at::matmul(qh.to(at::kFloat), kh.to(at::kFloat).transpose(-1, -2)) * scale;
+    if (softcap > 0) scores = at::tanh(scores / softcap) * softcap;
+    scores = scores.masked_fill(dense.logical_not(), -INFINITY);
+    if (sinks) scores = at::cat({scores, sinks->view({1, hq, 1, 1}).expand({b, hq, n, 1})}, -1);
+    auto probs = at::softmax(scores, -1);
+    if (sinks) probs = probs.narrow(-1, 0, s + n);
+    at::matmul(probs.to(vh.scalar_type()), vh);
+  };
+  auto attn = op_handle("eagle3::tree_attention")
+                  .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    const at::Tensor&, double, int64_t, double, const std::optional<at::Tensor>&,
+                                    const std::optional<at::Tensor>&)>();
   std::ostringstream shape;
   shape << "B=" << b << " N=" << n << " S=" << s << " Hq=" << hq << " Hkv=" << hkv << " D=" << d;
-  return compare(o, "tree_attention", "sdpa+dense mask", shape.str(),
-                 double(2 * b * (s + n) * hkv * d + 2 * b * n * hq * d) * elem, 4.0 * b * hq * n * (s + n) * d,
-                 [&] { at::scaled_dot_product_attention(qh, kh, vh, dense, 0.0, false, scale); },
-                 [&] { attn.call(q, k, v, lens, tree, scale); });
+  if (dv != d) shape << " Dv=" << dv;
+  if (w > 0) shape << " W=" << w;
+  if (softcap > 0) shape << " softcap=" << softcap;
+  if (sinks) shape << " sinks";
+  // Bytes: the K and V rows a query can see (all of them, or the window) plus q and out.
+  const int64_t keys = w > 0 ? std::min(s + n, w + n) : s + n;
+  return compare(o, "tree_attention", eager ? "eager+dense mask" : "sdpa+dense mask", shape.str(),
+                 double(b * keys * hkv * (d + dv) + b * n * hq * (d + dv)) * elem,
+                 2.0 * b * hq * n * keys * (d + dv),
+                 baseline, [&] { attn.call(q, k, v, lens, tree, scale, w, softcap, sinks, std::nullopt); });
 }
 
 // Chains of N nodes per request (node i's only child is i + 1); the target agrees with the

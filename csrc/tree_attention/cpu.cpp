@@ -4,7 +4,7 @@
 //
 // Tasks: (request b, kv head h, block of packed query rows). The N x G query rows of one
 // (b, h) (G = Hq / Hkv) share every K / V element, so a task takes as many of them as fit
-// kMaxRowsPerTask; only when B x Hkv gives fewer tasks than threads are the rows split
+// cpu::kMaxTaskRows; only when B x Hkv gives fewer tasks than threads are the rows split
 // further (each split re-reads that head's K / V, from cache on a long prefix), and then the
 // cache positions (KV splits with fp32 partials merged by log-sum-exp).
 #include <algorithm>
@@ -22,7 +22,6 @@
 namespace eagle3::tree_attention {
 namespace {
 
-constexpr int64_t kMaxRowsPerTask = 64;
 constexpr int64_t kMinRowsPerTask = 8;
 // A KV split shorter than this many positions costs more in partials than it gains.
 constexpr int64_t kMinSplitPositions = 512;
@@ -52,12 +51,15 @@ cpu::DType kernel_dtype(at::ScalarType t) {
 }
 
 at::Tensor run(const Problem& p) {
-  check_values(p, p.cache_lens, p.tree_mask.diagonal(0, 1, 2), p.block_table);
+  check_values(p, p.cache_lens, p.tree_mask.diagonal(0, 1, 2), p.block_table, p.tree_start);
+  EAGLE3_CHECK(p.op, p.window == 0 || p.tree <= cpu::kMaxWindowTree, "a sliding window is supported for trees of at "
+               "most ", cpu::kMaxWindowTree, " tokens on CPU, got N = ", p.tree);
   at::Tensor out = empty_output(p);
   if (out.numel() == 0) return out;
 
   const at::Tensor lens = p.cache_lens.to(at::kLong).contiguous();
   const at::Tensor table = p.paged() ? p.block_table.contiguous() : at::Tensor();
+  const at::Tensor starts = p.tree_start.defined() ? p.tree_start.to(at::kLong).contiguous() : at::Tensor();
 
   cpu::Params prm;
   prm.dtype = kernel_dtype(p.q.scalar_type());
@@ -92,7 +94,12 @@ at::Tensor run(const Problem& p) {
   prm.q_heads = p.q_heads;
   prm.kv_heads = p.kv_heads;
   prm.head_dim = p.head_dim;
+  prm.v_dim = p.v_dim;
   prm.scale = static_cast<float>(p.scale);
+  prm.window = p.window;
+  prm.softcap = static_cast<float>(p.softcap);
+  if (p.sinks.defined()) prm.sinks = p.sinks.data_ptr<float>();
+  if (starts.defined()) prm.tree_start = starts.data_ptr<int64_t>();
 #if defined(__x86_64__) || defined(_M_X64)
   static const bool has_bf16_dot = __builtin_cpu_supports("avx512bf16");
   prm.bf16_dot = has_bf16_dot;
@@ -100,7 +107,7 @@ at::Tensor run(const Problem& p) {
 
   const int64_t rows = p.tree * p.group();
   const int64_t threads = at::get_num_threads();
-  int64_t rows_per_task = std::min(rows, kMaxRowsPerTask);
+  int64_t rows_per_task = std::min(rows, cpu::kMaxTaskRows);
   auto blocks_of = [&](int64_t r) { return (rows + r - 1) / r; };
   while (rows_per_task > kMinRowsPerTask &&
          p.batch * p.kv_heads * blocks_of(rows_per_task) < threads) {
@@ -111,8 +118,12 @@ at::Tensor run(const Problem& p) {
 
   // Still fewer tasks than threads (few requests, few rows: decode, small trees): split the
   // cache positions too, down to kMinSplitPositions each, and merge the splits afterwards.
+  // Positions count from each request's window start (all of them without a window).
   const int64_t* len = prm.cache_lens;
-  const int64_t longest = *std::max_element(len, len + p.batch) + p.tree;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    longest = std::max(longest, len[b] + p.tree - window_start(len[b], p.window));
+  }
   int64_t splits = 1;
   if (head_tasks < threads) {
     splits = std::max<int64_t>(1, std::min((threads + head_tasks - 1) / head_tasks,
@@ -123,7 +134,7 @@ at::Tensor run(const Problem& p) {
   at::Tensor part_out, part_lse;
   if (splits > 1) {
     const auto f32 = out.options().dtype(at::kFloat);
-    part_out = at::empty({splits, p.batch, p.tree, p.q_heads, p.head_dim}, f32);
+    part_out = at::empty({splits, p.batch, p.tree, p.q_heads, p.v_dim}, f32);
     part_lse = at::empty({splits, p.batch, p.tree, p.q_heads}, f32);
     prm.part_out = part_out.data_ptr<float>();
     prm.part_lse = part_lse.data_ptr<float>();
@@ -131,7 +142,7 @@ at::Tensor run(const Problem& p) {
   const int64_t tasks = head_tasks * splits;
 
   const int64_t per_thread =
-      (static_cast<int64_t>(cpu::scratch_floats(p.head_dim, rows_per_task)) + kScratchAlign - 1) /
+      (static_cast<int64_t>(cpu::scratch_floats(p.head_dim, p.v_dim, rows_per_task)) + kScratchAlign - 1) /
       kScratchAlign * kScratchAlign;
   at::Tensor scratch = at::empty({threads * per_thread + kScratchAlign}, out.options().dtype(at::kFloat));
   float* base = scratch.data_ptr<float>();
@@ -156,8 +167,15 @@ at::Tensor run(const Problem& p) {
     }
   });
   if (splits > 1) {
-    // out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max); split 0 is never empty.
-    const at::Tensor weights = at::softmax(part_lse * static_cast<float>(M_LN2), 0).unsqueeze(-1);
+    // out = sum_s 2^(lse_s - max) O_s / (sum_s 2^(lse_s - max) [+ 2^(sink - max)]); the split
+    // holding the tree is never empty (every token sees itself). The sink is one more term of
+    // the denominator, with no value.
+    at::Tensor lse = part_lse;
+    if (p.sinks.defined()) {
+      const at::Tensor sink = (p.sinks * static_cast<float>(M_LOG2E)).view({1, 1, 1, p.q_heads});
+      lse = at::cat({part_lse, sink.expand({1, p.batch, p.tree, p.q_heads})}, 0);
+    }
+    const at::Tensor weights = at::softmax(lse * static_cast<float>(M_LN2), 0).narrow(0, 0, splits).unsqueeze(-1);
     out.copy_((part_out * weights).sum(0));
   }
   return out;

@@ -19,6 +19,11 @@ inline constexpr int64_t kKeyTile = 8;
 inline constexpr int64_t kRowTile = 4;
 // Head-dim columns per register tile of the P.V micro kernel (four 16-float vectors).
 inline constexpr int64_t kColTile = 64;
+// Packed query rows of one task at most (cpu.cpp splits the rows so; per-row arrays on the stack).
+inline constexpr int64_t kMaxTaskRows = 64;
+// Tree tokens whose positions a windowed task keeps on the stack (cpu.cpp refuses larger trees
+// with a window).
+inline constexpr int64_t kMaxWindowTree = 1024;
 
 // The KV cache as pages: position s of request b is row s % page_size of page
 // block_table[b][s / page_size]. A contiguous [B, S_max, Hkv, D] cache is one page per
@@ -45,21 +50,28 @@ struct Params {
   const int64_t* cache_lens = nullptr;  // [B]
   const uint8_t* mask = nullptr;        // bool [B, N, N]
   int64_t m_batch = 0, m_row = 0, m_col = 0;
-  int64_t batch = 0, tree = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t batch = 0, tree = 0, q_heads = 0, kv_heads = 0;
+  int64_t head_dim = 0;   // Dqk (q, k)
+  int64_t v_dim = 0;      // Dv (v, out)
   float scale = 1.f;
-  float* part_out = nullptr;  // [splits, B, N, Hq, D] fp32, for tasks of a KV split
+  int64_t window = 0;     // sliding window in positions, 0 = none
+  float softcap = 0.f;    // logit soft-cap, 0 = none
+  const float* sinks = nullptr;         // [Hq] sink logits or nullptr
+  const int64_t* tree_start = nullptr;  // [B] slot of tree token 0, or nullptr (= cache_lens)
+  float* part_out = nullptr;  // [splits, B, N, Hq, Dv] fp32, for tasks of a KV split
   float* part_lse = nullptr;  // [splits, B, N, Hq] log2-sum-exp of each split's scores
   bool bf16_dot = false;  // the CPU has AVX512-BF16 (used by the AVX-512 build for bf16 q . K)
 };
 
 // Floats of scratch one task of `rows` query rows needs (64-byte aligned by the caller).
-size_t scratch_floats(int64_t head_dim, int64_t rows);
+size_t scratch_floats(int64_t head_dim, int64_t v_dim, int64_t rows);
 
 // One task: request b, kv head h, packed query rows [row_begin, row_end) of the N x G rows
 // (row r is tree token r / G, q head h * G + r % G) over the cache positions
-// [kv_begin, kv_end) (clipped to [0, cache_lens[b] + N)). With split < 0 the task covers all
-// positions and writes its rows of the output; otherwise it writes its rows of split `split`
-// to part_out (normalized) and part_lse, and the caller merges the splits.
+// start + [kv_begin, kv_end), start = the request's window_start (0 without a window), clipped
+// to [start, cache_lens[b] + N). With split < 0 the task covers all positions and writes its
+// rows of the output (sinks applied); otherwise it writes its rows of split `split` to
+// part_out (normalized) and part_lse, and the caller merges the splits (and the sinks).
 struct Task {
   int64_t b = 0, h = 0, row_begin = 0, row_end = 0;
   int64_t kv_begin = 0, kv_end = 0;

@@ -86,6 +86,17 @@ __attribute__((always_inline)) inline vf exp2v(vf x) {
   return p * (vf)bits;
 }
 
+// cap * tanh(x / cap) * log2(e) (soft-capped logits, into the log2 domain): tanh(|y|) =
+// (1 - e) / (1 + e) with e = exp(-2 |y|) <= 1, the sign put back.
+__attribute__((always_inline)) inline vf softcap_log2(vf x, float cap) {
+  const vf y = x * (1.f / cap);
+  const vf ay = y < splat(0.f) ? -y : y;
+  const vf e = exp2v(ay * (-2.f * kLog2e));
+  vf t = (splat(1.f) - e) / (splat(1.f) + e);
+  t = y < splat(0.f) ? -t : t;
+  return t * (cap * kLog2e);
+}
+
 // --- dtype conversions (fp16 after Maratyszcza's FP16 library, written lane-wise) --------------
 
 __attribute__((always_inline)) inline vf half_to_float(vh h) {
@@ -292,28 +303,32 @@ template <DType kType>
 void run_typed(const Params& p, const Task& t, float* scratch) {
   const int64_t b = t.b, h = t.h, row_begin = t.row_begin, row_end = t.row_end;
   const int64_t D = p.head_dim;
+  const int64_t Dv = p.v_dim;
   const int64_t Dp = round_up(D, kColTile);
+  const int64_t Dvp = round_up(Dv, kColTile);
   const int64_t rows = row_end - row_begin;
   const int64_t Rp = round_up(rows, kLanes);
   const int64_t G = p.q_heads / p.kv_heads;
   const int64_t esize = element_size(kType);
 
   float* qt = scratch;            // [D][Rp] scaled queries, transposed (rows along lanes)
-  float* acc = qt + D * Rp;       // [Rp][Dp] unnormalized outputs
-  float* st = acc + Rp * Dp;      // [kKeys][Rp] scores, then probabilities
+  float* acc = qt + D * Rp;       // [Rp][Dvp] unnormalized outputs
+  float* st = acc + Rp * Dvp;     // [kKeys][Rp] scores, then probabilities
   float* m = st + kKeys * Rp;     // [Rp] running max (log2 domain)
   float* l = m + Rp;              // [Rp] running sum
   float* kf = l + Rp;             // [kKeys][Dp] keys
-  float* vt = kf + kKeys * Dp;    // [kKeys][Dp] values
-  float* tmp = vt + kKeys * Dp;   // [Dp] one converted query row
+  float* vt = kf + kKeys * Dp;    // [kKeys][Dvp] values
+  float* tmp = vt + kKeys * Dvp;  // [Dp] one converted query row
   // (then, for the bf16 dot-product path, qt2: [D / 2][Rp][2] bf16 = D * Rp / 2 floats, and
   // pt2: [kKeys / 2][Rp] bf16 pairs = kKeys * Rp / 2 floats)
 
   std::memset(qt, 0, sizeof(float) * D * Rp);
-  std::memset(acc, 0, sizeof(float) * Rp * Dp);
-  std::memset(kf, 0, sizeof(float) * 2 * kKeys * Dp);
+  std::memset(acc, 0, sizeof(float) * Rp * Dvp);
+  std::memset(kf, 0, sizeof(float) * kKeys * (Dp + Dvp));
 
-  const float qscale = p.scale * kLog2e;
+  // With a soft-cap the scores are capped first and moved to the log2 domain after.
+  const bool capped = p.softcap > 0.f;
+  const float qscale = capped ? p.scale : p.scale * kLog2e;
   const char* qbase = static_cast<const char*>(p.q);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t token = (row_begin + r) / G;
@@ -327,14 +342,15 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
     l[r] = 0.f;
   }
 #ifdef EAGLE3_TREE_AVX512BF16
-  // bf16 with AVX512-BF16 and D a multiple of 16: q . K and P . V on bf16 pairs (qk_tile_bf16,
-  // pv_tile_bf16). The queries go unscaled into qt2[d/2][Rp][2]; K rows are read in place, V
-  // rows are interleaved in key pairs into vt2, probabilities rounded to bf16 pairs into pt2.
-  const bool bf16_dot = kType == DType::kBFloat16 && p.bf16_dot && D % kLanes == 0;
+  // bf16 with AVX512-BF16 and Dqk, Dv multiples of 16: q . K and P . V on bf16 pairs
+  // (qk_tile_bf16, pv_tile_bf16). The queries go unscaled into qt2[d/2][Rp][2]; K rows are read
+  // in place, V rows are interleaved in key pairs into vt2, probabilities rounded to bf16 pairs
+  // into pt2.
+  const bool bf16_dot = kType == DType::kBFloat16 && p.bf16_dot && D % kLanes == 0 && Dv % kLanes == 0;
   uint16_t* qt2 = reinterpret_cast<uint16_t*>(tmp + Dp);  // [D / 2][Rp][2]
   const uint16_t* krows[kKeys];
   const uint16_t* vrows[kKeys + 1];
-  uint16_t* vt2 = reinterpret_cast<uint16_t*>(vt);                 // [kKeys / 2][Dp][2]
+  uint16_t* vt2 = reinterpret_cast<uint16_t*>(vt);                 // [kKeys / 2][Dvp][2]
   uint32_t* pt2 = reinterpret_cast<uint32_t*>(qt2 + D * Rp);       // [kKeys / 2][Rp]
   const uint16_t* zero_row = reinterpret_cast<const uint16_t*>(tmp);
   if (bf16_dot) {
@@ -356,13 +372,37 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
   const char* vbase = static_cast<const char*>(p.kv.v);
   const int64_t prefix = p.cache_lens[b];
   const vf neg_inf = splat(kNegInf);
+  const uint8_t* mask_b = p.mask + b * p.m_batch;
+
+  // Sliding window: a tree token's position is prefix + its depth (the tree tokens it sees,
+  // itself included, minus one); row r sees positions >= first[r] = its position - W + 1.
+  // Tree token j sits at tree_pos[j]. Without a window every row sees from position 0.
+  const int64_t W = p.window;
+  int64_t tree_pos[kMaxWindowTree];
+  int64_t first[kMaxTaskRows];
+  int64_t max_first = 0;
+  if (W > 0) {
+    for (int64_t j = 0; j < p.tree && j < kMaxWindowTree; ++j) {
+      int64_t seen = 0;
+      for (int64_t c = 0; c < p.tree; ++c) seen += mask_b[j * p.m_row + c * p.m_col] != 0;
+      tree_pos[j] = prefix + seen - 1;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    first[r] = W > 0 ? tree_pos[(row_begin + r) / G] - W + 1 : 0;
+    max_first = first[r] > max_first ? first[r] : max_first;
+  }
 
   // One block of n <= kKeys keys at cache positions [s0, s0 + n); tree_j0 >= 0 marks a block
   // of tree positions (tree tokens tree_j0 ...), whose scores go through tree_mask.
+  // Tree token j's K/V sit at slot tree_slot0 + j (right after the prefix unless tree_start
+  // says otherwise); its position stays prefix + depth.
+  const int64_t tree_slot0 = p.tree_start != nullptr ? p.tree_start[b] : prefix;
   auto block = [&](int64_t s0, int64_t n, int64_t tree_j0) {
+    const int64_t slot0 = tree_j0 >= 0 ? tree_slot0 + tree_j0 : s0;
     for (int64_t k = 0; k < n; ++k) {
       int64_t k_off, v_off;
-      kv_offsets(p.kv, b, s0 + k, h, k_off, v_off);
+      kv_offsets(p.kv, b, slot0 + k, h, k_off, v_off);
 #ifdef EAGLE3_TREE_AVX512BF16
       if (bf16_dot) {
         krows[k] = reinterpret_cast<const uint16_t*>(kbase + k_off * esize);
@@ -378,14 +418,14 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
         continue;
       }
 #endif
-      load_row<kType>(vbase + v_off * esize, vt + k * Dp, D);
+      load_row<kType>(vbase + v_off * esize, vt + k * Dvp, Dv);
     }
 #ifdef EAGLE3_TREE_AVX512BF16
     if (bf16_dot) {  // V as key pairs: vt2[k / 2][Dp][2]
       if (n % 2) vrows[n] = zero_row;
       for (int64_t k = 0; k < n; k += 2) {
-        uint16_t* dst = vt2 + (k / 2) * Dp * 2;
-        for (int64_t d = 0; d < D; d += kLanes) {
+        uint16_t* dst = vt2 + (k / 2) * Dvp * 2;
+        for (int64_t d = 0; d < Dv; d += kLanes) {
           const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrows[k] + d));
           const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrows[k + 1] + d));
           _mm512_storeu_si512(dst + d * 2, interleave_bf16(a, c));
@@ -408,16 +448,26 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
         for (int64_t r = 0; r < Rp; r += kLanes) qk_tile(qt + r, Rp, kf + k * Dp, Dp, D, st + k * Rp + r, Rp);
       }
     }
+    if (capped) {
+      for (int64_t k = 0; k < n; ++k) {
+        for (int64_t r = 0; r < Rp; r += kLanes) store(st + k * Rp + r, softcap_log2(load(st + k * Rp + r), p.softcap));
+      }
+    }
     for (int64_t k = n; k < kKeys; ++k) {
       for (int64_t r = 0; r < Rp; r += kLanes) store(st + k * Rp + r, neg_inf);
     }
     if (tree_j0 >= 0) {
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t token = (row_begin + r) / G;
-        const uint8_t* mr = p.mask + b * p.m_batch + token * p.m_row + tree_j0 * p.m_col;
+        const uint8_t* mr = mask_b + token * p.m_row + tree_j0 * p.m_col;
         for (int64_t k = 0; k < n; ++k) {
-          if (!mr[k * p.m_col]) st[k * Rp + r] = kNegInf;
+          const bool in_window = W <= 0 || tree_pos[tree_j0 + k] >= first[r];
+          if (!mr[k * p.m_col] || !in_window) st[k * Rp + r] = kNegInf;
         }
+      }
+    } else if (s0 < max_first) {  // prefix keys before a row's window
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = 0; k < n && s0 + k < first[r]; ++k) st[k * Rp + r] = kNegInf;
       }
     }
     // Online softmax, 16 rows per vector: column maxima, rescale factors, probabilities.
@@ -442,8 +492,8 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
       store(m + r, m_new);
       for (int i = 0; i < kLanes && r + i < rows; ++i) {
         if (alpha[i] != 1.f) {
-          float* ar = acc + (r + i) * Dp;
-          for (int64_t d = 0; d < Dp; d += kLanes) store(ar + d, load(ar + d) * alpha[i]);
+          float* ar = acc + (r + i) * Dvp;
+          for (int64_t d = 0; d < Dvp; d += kLanes) store(ar + d, load(ar + d) * alpha[i]);
         }
       }
     }
@@ -459,23 +509,25 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
         }
       }
       for (int64_t r = 0; r < rows; r += kRowTile) {
-        for (int64_t c = 0; c < Dp; c += kColTile) {
-          pv_tile_bf16(pt2 + r, Rp, (n + 1) / 2, vt2 + c * 2, Dp * 2, acc + r * Dp + c, Dp);
+        for (int64_t c = 0; c < Dvp; c += kColTile) {
+          pv_tile_bf16(pt2 + r, Rp, (n + 1) / 2, vt2 + c * 2, Dvp * 2, acc + r * Dvp + c, Dvp);
         }
       }
 #endif
     } else {
       for (int64_t r = 0; r < rows; r += kRowTile) {
-        for (int64_t c = 0; c < Dp; c += kColTile) {
-          pv_tile(st + r, Rp, n, vt + c, Dp, acc + r * Dp + c, Dp);
+        for (int64_t c = 0; c < Dvp; c += kColTile) {
+          pv_tile(st + r, Rp, n, vt + c, Dvp, acc + r * Dvp + c, Dvp);
         }
       }
     }
   };
 
-  // This task's positions [lo, hi): prefix blocks, then tree blocks.
-  const int64_t lo = t.kv_begin;
-  const int64_t hi = min64(t.kv_end, prefix + p.tree);
+  // This task's positions [lo, hi) from the request's window start: prefix blocks, then tree
+  // blocks.
+  const int64_t start = W > 0 && prefix - W + 1 > 0 ? prefix - W + 1 : 0;
+  const int64_t lo = start + t.kv_begin;
+  const int64_t hi = min64(start + t.kv_end, prefix + p.tree);
   const int64_t prefix_end = min64(hi, prefix);
   for (int64_t s0 = lo; s0 < prefix_end; s0 += kKeys) block(s0, min64(kKeys, prefix_end - s0), -1);
   for (int64_t s0 = lo > prefix ? lo : prefix; s0 < hi; s0 += kKeys) {
@@ -488,8 +540,8 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
       const int64_t head = h * G + (row_begin + r) % G;
       const int64_t idx = ((t.split * p.batch + b) * p.tree + token) * p.q_heads + head;
       const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-      float* o = p.part_out + idx * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = acc[r * Dp + d] * inv;
+      float* o = p.part_out + idx * Dv;
+      for (int64_t d = 0; d < Dv; ++d) o[d] = acc[r * Dvp + d] * inv;
       p.part_lse[idx] = l[r] > 0.f ? m[r] + __builtin_log2f(l[r]) : kNegInf;
     }
     return;
@@ -500,7 +552,14 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
     const int64_t token = (row_begin + r) / G;
     const int64_t head = h * G + (row_begin + r) % G;
     const int64_t off = b * p.o_batch + token * p.o_token + head * p.o_head;
-    store_row<kType>(acc + r * Dp, 1.f / l[r], obase + off * esize, D);
+    float factor = 1.f / l[r];
+    if (p.sinks != nullptr) {  // the sink joins the denominator: sum + 2^(sink - max)
+      const float sink = p.sinks[head] * kLog2e;
+      const float top = sink > m[r] ? sink : m[r];
+      const float keep = __builtin_exp2f(m[r] - top);
+      factor = keep / (l[r] * keep + __builtin_exp2f(sink - top));
+    }
+    store_row<kType>(acc + r * Dvp, factor, obase + off * esize, Dv);
   }
 }
 

@@ -28,7 +28,9 @@ constexpr int64_t kMaxHeadDim = 256;
 
 template <typename T, int kDp>
 void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
-  const int bytes = cuda::Smem<T, kDp>::bytes(params.mask_words);
+  // The tree tokens' depths are kept in shared memory only with a sliding window.
+  const int depths = params.window > 0 ? params.tree : 0;
+  const int bytes = cuda::Smem<T, kDp>::bytes(params.mask_words, depths);
   auto kernel = cuda::tree_attention_kernel<T, kDp>;
   // Raise the kernel's dynamic shared-memory limit once per device and size (not on every
   // call, so that launches inside a CUDA graph capture do nothing but launch).
@@ -36,6 +38,14 @@ void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
   static int configured[kDevices] = {};
   const int device = p.q.get_device();
   if (device >= kDevices || configured[device] < bytes) {
+    // fp32 with a head-dim tile of 256 (Dqk or Dv above 128) needs ~214 KB: more than sm_80's
+    // 163 KB. Say so instead of failing in cudaFuncSetAttribute.
+    int optin = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    EAGLE3_CHECK(p.op, bytes <= optin, "this call needs ", bytes,
+                 " bytes of shared memory per block (", p.q.scalar_type(), ", head dims ",
+                 p.head_dim, " / ", p.v_dim, " in a tile of ", kDp, ", N = ", p.tree,
+                 p.window > 0 ? " with a window" : "", ") but the device allows ", optin);
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     if (device < kDevices) configured[device] = bytes;
   }
@@ -52,7 +62,8 @@ void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
 }
 
 template <typename scalar_t>
-void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table, at::Tensor& out) {
+void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table, const at::Tensor& starts,
+               at::Tensor& out) {
   using T = typename DeviceType<scalar_t>::type;
   cuda::Params<T> params{};
   params.q = reinterpret_cast<const T*>(p.q.data_ptr());
@@ -77,6 +88,7 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
     params.bt_stride = table.stride(0);
   }
   params.cache_lens = lens.data_ptr<int32_t>();
+  params.tree_start = starts.defined() ? starts.data_ptr<int32_t>() : nullptr;
   params.mask = p.tree_mask.data_ptr<bool>();
   params.m_batch = p.tree_mask.stride(0);
   params.m_row = p.tree_mask.stride(1);
@@ -86,42 +98,58 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
   params.q_heads = static_cast<int>(p.q_heads);
   params.kv_heads = static_cast<int>(p.kv_heads);
   params.head_dim = static_cast<int>(p.head_dim);
+  params.v_dim = static_cast<int>(p.v_dim);
   params.group = static_cast<int>(p.group());
   params.rows = static_cast<int>(p.tree * p.group());
   params.row_tiles = (params.rows + cuda::kTileRows - 1) / cuda::kTileRows;
   params.mask_words = static_cast<int>((p.tree + 63) / 64);
+  params.scale = static_cast<float>(p.scale);
   params.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634);
+  params.softcap = static_cast<float>(p.softcap);
+  params.window = p.window;
+  if (p.sinks.defined()) params.sinks = p.sinks.data_ptr<float>();  // fp32 [Hq], contiguous
 
+  // 16-byte vectors: both widths (K rows are Dqk, V rows Dv) whole vectors, pointers aligned.
   constexpr int64_t kVec = 16 / sizeof(T);
-  params.vec_ok = p.head_dim % kVec == 0 && aligned16(params.k) && aligned16(params.v);
+  params.vec_ok = p.head_dim % kVec == 0 && p.v_dim % kVec == 0 && aligned16(params.k) &&
+                  aligned16(params.v);
   const int64_t strides[] = {params.k_page, params.k_row, params.k_head,
                              params.v_page, params.v_row, params.v_head};
   for (const int64_t s : strides) params.vec_ok = params.vec_ok && s % kVec == 0;
 
-  // KV split: enough CTAs for every SM, never splits shorter than kMinSplitPositions.
+  // KV split: enough CTAs for every SM, never splits shorter than kMinSplitPositions. The
+  // splits cover `range` positions from each request's window start (kernel.cuh), a bound on
+  // every request's cache_lens[b] + N - window_start known without reading cache_lens (no
+  // sync): the cache capacity, or with a window W at most W - 1 prefix positions plus the N
+  // tree tokens.
+  int64_t range = p.capacity;
+  if (p.window > 0) range = std::min(p.capacity, std::min(p.window, p.capacity) + p.tree - 1);
+  range = std::max<int64_t>(range, 1);  // (an empty cache still gets one split)
   const int64_t ctas = p.batch * p.kv_heads * params.row_tiles;
   const int64_t wanted = sm_count(p.q.get_device()) * kCtasPerSm;
   int64_t splits = std::max<int64_t>(1, (wanted + ctas - 1) / ctas);
-  splits = std::max<int64_t>(1, std::min(splits, p.capacity / kMinSplitPositions));
-  int64_t chunk = (p.capacity + splits - 1) / splits;
+  splits = std::max<int64_t>(1, std::min(splits, range / kMinSplitPositions));
+  int64_t chunk = (range + splits - 1) / splits;
   chunk = (chunk + cuda::kBlockKeys - 1) / cuda::kBlockKeys * cuda::kBlockKeys;
   params.chunk = chunk;
-  params.splits = static_cast<int>((p.capacity + chunk - 1) / chunk);
+  params.splits = static_cast<int>((range + chunk - 1) / chunk);
   TORCH_CHECK(p.batch <= 65535 && params.splits <= 65535, "eagle3.", p.op,
               ": batch and KV splits are limited to 65535 on CUDA");
 
   at::Tensor part_out, part_lse;
   if (params.splits > 1) {
     const auto f32 = out.options().dtype(at::kFloat);
-    part_out = at::empty({params.splits, p.batch, p.tree, p.q_heads, p.head_dim}, f32);
+    part_out = at::empty({params.splits, p.batch, p.tree, p.q_heads, p.v_dim}, f32);
     part_lse = at::empty({params.splits, p.batch, p.tree, p.q_heads}, f32);
     params.part_out = part_out.data_ptr<float>();
     params.part_lse = part_lse.data_ptr<float>();
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (p.head_dim <= 64) {
+  // One head-dim tile for Q / K and V / O: the larger of Dqk and Dv.
+  const int64_t width = std::max(p.head_dim, p.v_dim);
+  if (width <= 64) {
     launch<T, 64>(params, p, stream);
-  } else if (p.head_dim <= 128) {
+  } else if (width <= 128) {
     launch<T, 128>(params, p, stream);
   } else {
     launch<T, 256>(params, p, stream);
@@ -130,20 +158,24 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
 
 at::Tensor run(const Problem& p) {
   const c10::cuda::CUDAGuard guard(p.q.device());
-  EAGLE3_CHECK(p.op, p.head_dim <= kMaxHeadDim, "head_dim ", p.head_dim,
+  EAGLE3_CHECK(p.op, p.head_dim <= kMaxHeadDim, "the q / k head dim ", p.head_dim,
+               " is not supported on CUDA (at most ", kMaxHeadDim, ")");
+  EAGLE3_CHECK(p.op, p.v_dim <= kMaxHeadDim, "the v head dim ", p.v_dim,
                " is not supported on CUDA (at most ", kMaxHeadDim, ")");
   // The value checks copy cache_lens, the mask diagonal and the block table to the host: one
   // small synchronization, skipped while a CUDA graph is captured (a capture cannot sync).
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
     check_values(p, p.cache_lens.to(at::kCPU), p.tree_mask.diagonal(0, 1, 2).to(at::kCPU),
-                 p.paged() ? p.block_table.to(at::kCPU) : at::Tensor());
+                 p.paged() ? p.block_table.to(at::kCPU) : at::Tensor(),
+                 p.tree_start.defined() ? p.tree_start.to(at::kCPU) : at::Tensor());
   }
   at::Tensor out = empty_output(p);
   if (out.numel() == 0) return out;
   const at::Tensor lens = p.cache_lens.to(at::kInt).contiguous();
   const at::Tensor table = p.paged() ? p.block_table.contiguous() : at::Tensor();
+  const at::Tensor starts = p.tree_start.defined() ? p.tree_start.to(at::kInt).contiguous() : at::Tensor();
   EAGLE3_DISPATCH_FLOAT_TYPES(out.scalar_type(), "tree_attention", [&] {
-    run_typed<scalar_t>(p, lens, table, out);
+    run_typed<scalar_t>(p, lens, table, starts, out);
   });
   return out;
 }

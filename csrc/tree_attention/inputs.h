@@ -27,12 +27,18 @@ inline constexpr const char* kOpPaged = "tree_attention_paged";
 // page per request: page b of request b, page_size = S_max, no block table.
 struct Problem {
   const char* op = kOp;
-  at::Tensor q;            // [B, N, Hq, D], unit stride along D
-  at::Tensor k, v;         // [B or P, S_max or page_size, Hkv, D], unit stride along D
+  at::Tensor q;            // [B, N, Hq, Dqk], unit stride along the head dim
+  at::Tensor k, v;         // [B or P, S_max or page_size, Hkv, Dqk / Dv], unit stride along it
   at::Tensor block_table;  // int32 [B, max_blocks] (paged) or undefined
   at::Tensor cache_lens;   // int32 / int64 [B]
   at::Tensor tree_mask;    // bool [B, N, N]
-  int64_t batch = 0, tree = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  at::Tensor sinks;        // fp32 [Hq] contiguous, or undefined
+  at::Tensor tree_start;   // int32 / int64 [B]: slot of tree token 0, or undefined (= cache_lens)
+  int64_t batch = 0, tree = 0, q_heads = 0, kv_heads = 0;
+  int64_t head_dim = 0;    // Dqk: q and k
+  int64_t v_dim = 0;       // Dv: v and the output
+  int64_t window = 0;      // sliding window in positions, 0 = none
+  double softcap = 0.0;    // logit soft-cap, 0 = none
   int64_t page_size = 0;   // rows per page (S_max when contiguous)
   int64_t capacity = 0;    // cache positions each request can address
   int64_t num_pages = 0;   // P (B when contiguous)
@@ -47,10 +53,8 @@ inline void check_cache(const char* op, const char* name, const at::Tensor& t, c
                t.sizes());
   check_same_dtype(op, name, t, "q", q);
   check_same_device(op, name, t, "q", q);
-  EAGLE3_CHECK(op, t.size(3) == q.size(3), name, " has head_dim ", t.size(3), " but q has ",
-               q.size(3), "; they must match");
   EAGLE3_CHECK(op, t.size(3) <= 1 || t.stride(3) == 1, name,
-               " must have unit stride along head_dim (the cache is read in place, never "
+               " must have unit stride along the head dim (the cache is read in place, never "
                "copied), got strides ",
                t.strides());
 }
@@ -58,7 +62,9 @@ inline void check_cache(const char* op, const char* name, const at::Tensor& t, c
 inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const std::optional<at::Tensor>& block_table,
                             const at::Tensor& cache_lens, const at::Tensor& tree_mask,
-                            double scale) {
+                            double scale, int64_t window, double softcap,
+                            const std::optional<at::Tensor>& sinks,
+                            const std::optional<at::Tensor>& tree_start) {
   const bool paged = block_table.has_value();
   const char* k_name = paged ? "k_pages" : "k_cache";
   const char* v_name = paged ? "v_pages" : "v_cache";
@@ -68,8 +74,12 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
   check_float_tensor(op, "q", q);
   check_cache(op, k_name, k, q, layout);
   check_cache(op, v_name, v, q, layout);
-  EAGLE3_CHECK(op, k.sizes() == v.sizes(), k_name, " has shape ", k.sizes(), " but ", v_name,
-               " has ", v.sizes(), "; they must match");
+  EAGLE3_CHECK(op, k.size(3) == q.size(3), k_name, " has head_dim ", k.size(3), " but q has ",
+               q.size(3), "; queries and keys must match (values may differ: MLA)");
+  EAGLE3_CHECK(op, k.size(0) == v.size(0) && k.size(1) == v.size(1) && k.size(2) == v.size(2),
+               k_name, " has shape ", k.sizes(), " but ", v_name, " has ", v.sizes(),
+               "; they must match in all but the head dim");
+  EAGLE3_CHECK(op, v.size(3) > 0, v_name, " has an empty head dim");
 
   Problem p;
   p.op = op;
@@ -77,8 +87,32 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
   p.tree = q.size(1);
   p.q_heads = q.size(2);
   p.head_dim = q.size(3);
+  p.v_dim = v.size(3);
   p.kv_heads = k.size(2);
   p.scale = scale;
+  EAGLE3_CHECK(op, window >= 0, "window must be 0 (none) or a positive number of positions, got ",
+               window);
+  EAGLE3_CHECK(op, softcap >= 0.0 && std::isfinite(softcap),
+               "softcap must be 0 (none) or a positive finite cap, got ", softcap);
+  p.window = window;
+  p.softcap = softcap;
+  if (sinks.has_value()) {
+    const at::Tensor& s = *sinks;
+    check_float_tensor(op, "sinks", s);
+    check_same_device(op, "sinks", s, "q", q);
+    EAGLE3_CHECK(op, s.dim() == 1 && s.size(0) == q.size(2), "sinks must have shape [", q.size(2),
+                 "] (one logit per query head), got ", s.sizes());
+    p.sinks = s.to(at::kFloat).contiguous();
+  }
+  if (tree_start.has_value()) {
+    const at::Tensor& t = *tree_start;
+    EAGLE3_CHECK(op, t.dim() == 1 && t.size(0) == q.size(0), "tree_start must have shape [", q.size(0),
+                 "] (one slot per request), got ", t.sizes());
+    EAGLE3_CHECK(op, t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+                 "tree_start must be int32 or int64, got ", t.scalar_type());
+    check_same_device(op, "tree_start", t, "q", q);
+    p.tree_start = t;
+  }
   EAGLE3_CHECK(op, p.kv_heads > 0 && p.q_heads % p.kv_heads == 0, "q has ", p.q_heads,
                " heads, which is not a multiple of the ", p.kv_heads, " kv heads of ", k_name,
                " (grouped-query attention needs Hq % Hkv == 0)");
@@ -128,21 +162,25 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
 // Checks that depend on the tensors' contents. `lens`, `diag` and `table` are CPU tensors:
 // cache_lens, the mask diagonal [B, N] and the block table (undefined: not checked).
 inline void check_values(const Problem& p, const at::Tensor& lens, const at::Tensor& diag,
-                         const at::Tensor& table) {
+                         const at::Tensor& table, const at::Tensor& starts) {
   const char* op = p.op;
   const at::Tensor lens64 = lens.to(at::kLong).contiguous();
   const int64_t* l = lens64.data_ptr<int64_t>();
+  const at::Tensor starts64 = starts.defined() ? starts.to(at::kLong).contiguous() : lens64;
+  const int64_t* ts = starts64.data_ptr<int64_t>();
   for (int64_t b = 0; b < p.batch; ++b) {
     EAGLE3_CHECK(op, l[b] >= 0, "cache_lens[", b, "] = ", l[b], " is negative");
-    const int64_t needed = l[b] + p.tree;
+    EAGLE3_CHECK(op, ts[b] >= l[b], "tree_start[", b, "] = ", ts[b], " is inside the prefix (cache_lens[", b,
+                 "] = ", l[b], "): the tree tokens sit after it");
+    const int64_t needed = ts[b] + p.tree;
     if (p.paged()) {
       EAGLE3_CHECK(op, needed <= p.capacity, "block_table is too short: request ", b,
-                   " needs ", needed, " cache positions (cache_lens[", b, "] = ", l[b], " plus ",
-                   p.tree, " tree tokens) but block_table has ", p.block_table.size(1),
+                   " needs ", needed, " cache positions (", p.tree_start.defined() ? "tree_start[" : "cache_lens[", b,
+                   "] = ", ts[b], " plus ", p.tree, " tree tokens) but block_table has ", p.block_table.size(1),
                    " blocks of ", p.page_size, " = ", p.capacity, " positions");
     } else {
-      EAGLE3_CHECK(op, needed <= p.capacity, "cache_lens[", b, "] = ", l[b], " plus the ",
-                   p.tree, " tree tokens needs ", needed,
+      EAGLE3_CHECK(op, needed <= p.capacity, p.tree_start.defined() ? "tree_start[" : "cache_lens[", b, "] = ",
+                   ts[b], " plus the ", p.tree, " tree tokens needs ", needed,
                    " cache positions but k_cache holds S_max = ", p.capacity);
     }
   }
@@ -158,7 +196,7 @@ inline void check_values(const Problem& p, const at::Tensor& lens, const at::Ten
   if (table.defined() && p.page_size > 0) {
     const auto t = table.accessor<int32_t, 2>();
     for (int64_t b = 0; b < p.batch; ++b) {
-      const int64_t blocks = (l[b] + p.tree + p.page_size - 1) / p.page_size;
+      const int64_t blocks = (ts[b] + p.tree + p.page_size - 1) / p.page_size;
       for (int64_t j = 0; j < blocks; ++j) {
         const int64_t page = t[b][j];
         EAGLE3_CHECK(op, page >= 0 && page < p.num_pages, "block_table[", b, ", ", j, "] = ",
@@ -172,19 +210,31 @@ inline void check_values(const Problem& p, const at::Tensor& lens, const at::Ten
 // The two ops' entry points for a backend whose kernel is `run(problem)`: validation, then run.
 template <at::Tensor (*run)(const Problem&)>
 at::Tensor contiguous_entry(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& cache_lens, const at::Tensor& tree_mask, double scale) {
-  return run(check_inputs(kOp, q, k_cache, v_cache, std::nullopt, cache_lens, tree_mask, scale));
+                            const at::Tensor& cache_lens, const at::Tensor& tree_mask, double scale,
+                            int64_t window, double softcap, const std::optional<at::Tensor>& sinks,
+                            const std::optional<at::Tensor>& tree_start) {
+  return run(check_inputs(kOp, q, k_cache, v_cache, std::nullopt, cache_lens, tree_mask, scale,
+                          window, softcap, sinks, tree_start));
 }
 
 template <at::Tensor (*run)(const Problem&)>
 at::Tensor paged_entry(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
                        const at::Tensor& block_table, const at::Tensor& cache_lens,
-                       const at::Tensor& tree_mask, double scale) {
-  return run(check_inputs(kOpPaged, q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale));
+                       const at::Tensor& tree_mask, double scale, int64_t window, double softcap,
+                       const std::optional<at::Tensor>& sinks, const std::optional<at::Tensor>& tree_start) {
+  return run(check_inputs(kOpPaged, q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale,
+                          window, softcap, sinks, tree_start));
 }
 
 inline at::Tensor empty_output(const Problem& p) {
-  return at::empty({p.batch, p.tree, p.q_heads, p.head_dim}, p.q.options());
+  return at::empty({p.batch, p.tree, p.q_heads, p.v_dim}, p.q.options());
+}
+
+// The earliest cache position any tree token of a request with prefix `len` may see: with a
+// window W, the root (depth 0, position len) sees positions > len - W; deeper tokens see less
+// of the prefix. 0 without a window.
+inline int64_t window_start(int64_t len, int64_t window) {
+  return window > 0 && len - window + 1 > 0 ? len - window + 1 : 0;
 }
 
 }  // namespace eagle3::tree_attention

@@ -212,6 +212,10 @@ def tree_attention(
     cache_lens: torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+    tree_start: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention of N draft-tree tokens against their KV prefix and their tree ancestors.
 
@@ -219,24 +223,37 @@ def tree_attention(
     and the tree positions ``cache_lens[b] + j`` with ``tree_mask[b, i, j]``. Softmax in fp32.
 
     Args:
-        q: ``[B, N, Hq, D]`` queries of the tree tokens (float32, float16 or bfloat16).
-        k_cache, v_cache: ``[B, S_max, Hkv, D]``, q's dtype, with the tree tokens' K/V already
-            written at ``cache_lens[b] .. cache_lens[b] + N - 1``. Strided views are read in
-            place (e.g. Hugging Face's ``[B, Hkv, S, D]`` cache ``.transpose(1, 2)``); unit
-            stride along D. ``Hq % Hkv == 0`` (grouped-query attention).
+        q: ``[B, N, Hq, Dqk]`` queries of the tree tokens (float32, float16 or bfloat16).
+        k_cache: ``[B, S_max, Hkv, Dqk]``; v_cache: ``[B, S_max, Hkv, Dv]`` (Dv may differ, as
+            in MLA), q's dtype, with the tree tokens' K/V already written at
+            ``cache_lens[b] .. cache_lens[b] + N - 1``. Strided views are read in place (e.g.
+            Hugging Face's ``[B, Hkv, S, D]`` cache ``.transpose(1, 2)``); unit stride along the
+            head dim. ``Hq % Hkv == 0`` (grouped-query attention).
         cache_lens: int32 or int64 ``[B]``, prefix length per request.
         tree_mask: bool ``[B, N, N]``, ancestors and self; the diagonal must be set (a padding
             row sets only its diagonal).
-        scale: softmax scale, usually ``D ** -0.5``.
+        scale: softmax scale, usually ``Dqk ** -0.5``.
+        window: 0, or a sliding window of W positions. Tree token i sits at position
+            ``cache_lens[b] + d_i``, d_i its depth (the tree tokens it sees, minus one); it sees
+            only keys at positions above its own minus W (transformers' ``sliding_window``).
+        softcap: 0, or c > 0: logits ``c * tanh(scale * q.k / c)`` (Gemma 2).
+        sinks: ``[Hq]`` per-head sink logits (GPT-OSS): one more term of each softmax
+            denominator, with no value; or None.
+        tree_start: int32 / int64 ``[B]``: the tree tokens' K/V sit at slots
+            ``tree_start[b] + j`` (>= cache_lens[b]) instead of right after the prefix, so
+            requests of different lengths can share one append offset; their positions are
+            unchanged. None: ``cache_lens``.
 
     Returns:
-        ``[B, N, Hq, D]`` in q's dtype.
+        ``[B, N, Hq, Dv]`` in q's dtype.
 
     Raises:
         RuntimeError: naming the argument and the numbers for wrong shapes, dtypes, devices,
-        a mask row without its diagonal, or ``cache_lens[b] + N > S_max``.
+        a mask row without its diagonal, ``cache_lens[b] + N > S_max``, a negative window or
+        soft-cap.
     """
-    return torch.ops.eagle3.tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, scale)
+    return torch.ops.eagle3.tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, scale, window, softcap, sinks,
+                                           tree_start)
 
 
 def tree_attention_paged(
@@ -247,41 +264,50 @@ def tree_attention_paged(
     cache_lens: torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+    tree_start: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """tree_attention over a paged KV cache.
 
     Args:
-        k_pages, v_pages: ``[P, page_size, Hkv, D]`` physical pages.
+        k_pages: ``[P, page_size, Hkv, Dqk]``; v_pages: ``[P, page_size, Hkv, Dv]`` physical
+            pages.
         block_table: int32 ``[B, max_blocks]``; cache position s of request b is row
             ``s % page_size`` of page ``block_table[b, s // page_size]``. It must cover
             ``cache_lens[b] + N`` positions.
-        q, cache_lens, tree_mask, scale: as in :func:`tree_attention`.
+        q, cache_lens, tree_mask, scale, window, softcap, sinks, tree_start: as in
+            :func:`tree_attention`.
 
     Returns:
-        ``[B, N, Hq, D]`` in q's dtype.
+        ``[B, N, Hq, Dv]`` in q's dtype.
     """
-    return torch.ops.eagle3.tree_attention_paged(q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale)
+    return torch.ops.eagle3.tree_attention_paged(q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale,
+                                                 window, softcap, sinks, tree_start)
 
 
-def _tree_attention_fake_checks(op, q, k, tree_mask):
-    torch._check(q.dim() == 4 and k.dim() == 4, lambda: f"eagle3.{op}: q and the cache must be 4-D")
+def _tree_attention_fake_checks(op, q, k, v, tree_mask):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: f"eagle3.{op}: q and the cache must be 4-D")
     torch._check(
         k.size(2) > 0 and q.size(2) % k.size(2) == 0,
         lambda: f"eagle3.{op}: q has {q.size(2)} heads, not a multiple of {k.size(2)} kv heads",
     )
+    torch._check(k.size(3) == q.size(3), lambda: f"eagle3.{op}: k has head_dim {k.size(3)} but q has {q.size(3)}")
     torch._check(
         tuple(tree_mask.shape) == (q.size(0), q.size(1), q.size(1)),
         lambda: f"eagle3.{op}: tree_mask must have shape [B, N, N], got {tuple(tree_mask.shape)}",
     )
+    return q.new_empty(q.shape[:3] + (v.size(3),))
 
 
 @torch.library.register_fake("eagle3::tree_attention")
-def _tree_attention_fake(q, k_cache, v_cache, cache_lens, tree_mask, scale):
-    _tree_attention_fake_checks("tree_attention", q, k_cache, tree_mask)
-    return q.new_empty(q.shape)
+def _tree_attention_fake(q, k_cache, v_cache, cache_lens, tree_mask, scale, window=0, softcap=0.0, sinks=None,
+                         tree_start=None):
+    return _tree_attention_fake_checks("tree_attention", q, k_cache, v_cache, tree_mask)
 
 
 @torch.library.register_fake("eagle3::tree_attention_paged")
-def _tree_attention_paged_fake(q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale):
-    _tree_attention_fake_checks("tree_attention_paged", q, k_pages, tree_mask)
-    return q.new_empty(q.shape)
+def _tree_attention_paged_fake(q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale, window=0,
+                               softcap=0.0, sinks=None, tree_start=None):
+    return _tree_attention_fake_checks("tree_attention_paged", q, k_pages, v_pages, tree_mask)

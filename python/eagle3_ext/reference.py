@@ -318,13 +318,22 @@ def tree_speculative_sampling_batched(predicts, accept_index, accept_token_num, 
     predicts[last] = sampled.to(predicts.dtype)
 
 
-def dense_tree_mask(cache_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """The dense mask equivalent to (cache_lens, tree_mask): bool ``[B, 1, N, kv_len]``.
+def tree_positions(cache_lens: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    """Position of each tree token: ``cache_lens[b] + depth``, the depth being the number of
+    tree tokens it sees (ancestors and itself) minus one. int64 ``[B, N]``."""
+    depth = tree_mask.sum(-1).long() - 1
+    return cache_lens.to(device=tree_mask.device, dtype=torch.long).view(-1, 1) + depth
+
+
+def dense_tree_mask(cache_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: int,
+                    window: int = 0) -> torch.Tensor:
+    """The dense mask equivalent to (cache_lens, tree_mask[, window]): bool ``[B, 1, N, kv_len]``.
 
     Entry ``[b, 0, i, s]`` is True when tree token i of request b may attend cache position s:
     a prefix position ``s < cache_lens[b]``, or the tree position ``s = cache_lens[b] + j`` of a
-    tree token j with ``tree_mask[b, i, j]``. This is the 4D mask SDPA (and Hugging Face's sdpa
-    attention) takes for a tree verify forward.
+    tree token j with ``tree_mask[b, i, j]``; with a window W also only when the key's position
+    (s for the prefix, ``tree_positions`` for tree tokens) is above the query's position - W.
+    This is the 4D mask SDPA (and Hugging Face's sdpa attention) takes for a tree verify forward.
     """
     B, N, _ = tree_mask.shape
     pos = torch.arange(kv_len, device=tree_mask.device).view(1, 1, kv_len)
@@ -332,7 +341,12 @@ def dense_tree_mask(cache_lens: torch.Tensor, tree_mask: torch.Tensor, kv_len: i
     j = pos - lens  # tree index of each position, [B, 1, kv_len]
     in_tree = (j >= 0) & (j < N)
     seen = torch.gather(tree_mask, 2, j.clamp(0, max(N - 1, 0)).expand(B, N, kv_len))
-    return ((pos < lens) | (seen & in_tree)).unsqueeze(1)
+    mask = (pos < lens) | (seen & in_tree)
+    if window > 0:
+        tree_pos = tree_positions(cache_lens, tree_mask)                       # [B, N]
+        key_pos = torch.where(in_tree, torch.gather(tree_pos[:, None, :], 2, j.clamp(0, max(N - 1, 0))), pos)
+        mask = mask & (key_pos > tree_pos[:, :, None] - window)
+    return mask.unsqueeze(1)
 
 
 def tree_attention(
@@ -342,19 +356,49 @@ def tree_attention(
     cache_lens: torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+    tree_start: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """eagle3.tree_attention: SDPA in fp32 with the dense tree mask, in q's dtype.
+    """eagle3.tree_attention in fp32 with the dense tree mask, in q's dtype: SDPA, or with a
+    soft-cap or sinks the explicit softmax (a sink is one more logit per head, with no value).
 
-    q ``[B, N, Hq, D]``; k_cache, v_cache ``[B, S_max, Hkv, D]``; cache_lens ``[B]``;
-    tree_mask bool ``[B, N, N]``. Returns ``[B, N, Hq, D]``.
+    q ``[B, N, Hq, Dqk]``; k_cache ``[B, S_max, Hkv, Dqk]``; v_cache ``[B, S_max, Hkv, Dv]``;
+    cache_lens ``[B]``; tree_mask bool ``[B, N, N]``; sinks ``[Hq]``; tree_start ``[B]`` (the
+    tree tokens are first moved from there to right after the prefix). Returns
+    ``[B, N, Hq, Dv]``.
     """
+    if tree_start is not None:
+        k_cache, v_cache = (move_tree(c, cache_lens, tree_start, tree_mask.size(1)) for c in (k_cache, v_cache))
     Hq, Hkv = q.size(2), k_cache.size(2)
     qf = q.float().transpose(1, 2)  # [B, Hq, N, D]
     k = k_cache.float().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
     v = v_cache.float().transpose(1, 2).repeat_interleave(Hq // Hkv, dim=1)
-    mask = dense_tree_mask(cache_lens, tree_mask, k_cache.size(1))
-    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scale)
-    return out.transpose(1, 2).to(q.dtype)
+    mask = dense_tree_mask(cache_lens, tree_mask, k_cache.size(1), window)
+    if softcap == 0 and sinks is None:
+        out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask, scale=scale)
+        return out.transpose(1, 2).to(q.dtype)
+    scores = qf @ k.transpose(-1, -2) * scale                                   # [B, Hq, N, S]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, Hq, 1, 1).expand(*scores.shape[:3], 1)
+        probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return (probs @ v).transpose(1, 2).to(q.dtype)
+
+
+def move_tree(cache: torch.Tensor, cache_lens: torch.Tensor, tree_start: torch.Tensor, n: int) -> torch.Tensor:
+    """A copy of ``cache`` [B, S, Hkv, D] with each request's n tree rows moved from slots
+    ``tree_start[b] + j`` to ``cache_lens[b] + j``."""
+    out = cache.clone()
+    for b in range(cache.size(0)):
+        src, dst = int(tree_start[b]), int(cache_lens[b])
+        out[b, dst:dst + n] = cache[b, src:src + n]
+    return out
 
 
 def gather_pages(pages: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -371,11 +415,14 @@ def tree_attention_paged(
     cache_lens: torch.Tensor,
     tree_mask: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+    tree_start: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """eagle3.tree_attention_paged: the pages gathered into a contiguous cache, then tree_attention."""
-    return tree_attention(
-        q, gather_pages(k_pages, block_table), gather_pages(v_pages, block_table), cache_lens, tree_mask, scale
-    )
+    return tree_attention(q, gather_pages(k_pages, block_table), gather_pages(v_pages, block_table), cache_lens,
+                          tree_mask, scale, window, softcap, sinks, tree_start)
 
 
 def sdpa_dense_mask(

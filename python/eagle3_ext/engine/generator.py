@@ -21,6 +21,7 @@ from ..distributed import tp
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import describe_fix
 from ..tree import verify_greedy, verify_sampling
+from .architecture import check_served
 from .capture import AuxHiddenCapture
 from .config import SamplingConfig, TreeConfig, filtered_probs
 from .drafting import DraftInputs, build_tree, draft_steps, extend
@@ -69,6 +70,7 @@ class SpeculativeGenerator:
                  attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True):
         if attention not in ("tree", "sdpa"):
             raise ValueError(f"attention must be 'tree' or 'sdpa', got {attention!r}")
+        check_served(target.config)
         self.target = target.eval()
         self.draft = draft.eval()
         self.tree = tree
@@ -256,6 +258,11 @@ class SpeculativeGenerator:
         if self.tokenizer is not None:
             text = [self.tokenizer.decode(e, skip_special_tokens=True) for e in emitted]
         return GenerationOutput(sequences=emitted, stats=stats, text=text, finish_reasons=reasons)
+
+    @property
+    def attention_path(self) -> str:
+        """Which attention verifies: "tree" (eagle3.tree_attention) or "sdpa" (the model's own)."""
+        return "tree" if self.use_tree_attention else "sdpa"
 
     def _ensure_tree_attention(self) -> None:
         # Anything may switch the target's attention back (a plain target.generate with SDPA,

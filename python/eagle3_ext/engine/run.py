@@ -108,6 +108,10 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens},
         "finish_reason": out.finish_reasons[0], "target": target_dir, "draft": draft_dir,
         "world_size": tp.world_size(),
+        "attention": gen.attention_path,
+        "attention_reason": ("every layer runs eagle3.tree_attention (windows, soft-caps, sinks and MLA included)"
+                             if gen.attention_path == "tree" else "--attention sdpa was asked for: the model's own "
+                             "attention with a 4D mask per layer type"),
         "capture_check": None if gen.capture_check is None else {
             "ok": gen.capture_check.ok, "message": gen.capture_check.describe(),
             "time_s": gen.capture_check.time_s},

@@ -1,29 +1,51 @@
 """The target side of a round: prefill, the verify forward over a draft tree, and keeping
 exactly the accepted path in the target's KV cache.
 
-All requests share one Hugging Face DynamicCache of length S. Request b's committed tokens
-are the cache slots where ``valid[b]`` is True (``seq_lens[b]`` of them, in order); slots that
-are not valid are left padding or the rejected tail of a request that accepted fewer tokens
-than the others in some round. While no slot is invalid (always at batch 1), the verify
-forward runs eagle3.tree_attention through the "eagle3_tree" attention implementation;
-otherwise it passes a 4D additive mask that the SDPA path applies.
+All requests share one Hugging Face DynamicCache whose layers all keep the full history (a
+sliding-window layer's cache would drop the positions a rejected round has to fall back to;
+the window is applied by the attention instead). Layout: request b's committed tokens sit at
+cache slots ``[0, seq_lens[b])``, in order, slot = position; slots after them are stale. The
+prefill is left-padded, as Hugging Face's own batched generate runs it, and is then
+left-aligned once. A verify forward appends the N tree tokens of every request at the end of
+the cache (slots ``S .. S + N - 1``, S = the cache length):
+
+- ``attention="tree"``: each layer runs eagle3.tree_attention (with the layer's window,
+  soft-cap and sinks) on prefix lengths ``seq_lens``; when requests differ in length the op is
+  told where the tree sits (``tree_start`` = S).
+- ``attention="sdpa"``: the model's own attention with a 4D additive mask per layer type
+  (prefix slots below ``seq_lens[b]``, ancestors in the tree, the sliding window on positions).
+
+``commit`` moves the accepted tokens to ``seq_lens[b] ..`` and crops the cache to the longest
+request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import Dict, List, Optional, Union
 
 import torch
 
 from ..tree import DraftTree
 from .capture import AuxHiddenCapture
 
+SLIDING, FULL = "sliding_attention", "full_attention"
+
 
 @dataclass
 class TargetOutput:
     logits: torch.Tensor            # [B, n, V]
     aux_hidden: List[torch.Tensor]  # k x [B, n, H_target]
+
+
+def layer_windows(config) -> Dict[str, Optional[int]]:
+    """The sliding window of each attention layer type, as the model's own masks apply it:
+    models with ``layer_types`` window their "sliding_attention" layers by
+    ``config.sliding_window``; the others (Mistral, Phi-3) window every layer when it is set."""
+    window = getattr(config, "sliding_window", None) or None
+    if getattr(config, "layer_types", None):
+        return {FULL: None, SLIDING: window}
+    return {FULL: window}
 
 
 class TargetRunner:
@@ -33,9 +55,10 @@ class TargetRunner:
         self.model = model
         self.capture = capture
         self.use_tree_attention = use_tree_attention
-        self.cache = DynamicCache(config=model.config)
-        self.valid = None       # [B, S] bool
-        self.seq_lens = None    # [B] int64: committed tokens per request
+        self.cache = DynamicCache()  # full layers only, whatever the config says (see above)
+        self.seq_lens: Optional[torch.Tensor] = None   # [B] int64: committed tokens per request
+        self.windows = layer_windows(model.config)
+        self._tree_start: Optional[torch.Tensor] = None  # [B] the slot of the last verify's tree
 
     def _forward(self, **kwargs) -> TargetOutput:
         with torch.no_grad(), self.capture:
@@ -44,13 +67,26 @@ class TargetRunner:
         return TargetOutput(out.logits, aux)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TargetOutput:
-        """input_ids [B, L] left-padded, attention_mask [B, L] (1 = token)."""
-        mask = attention_mask.bool()
+        """input_ids [B, L] left-padded, attention_mask [B, L] (1 = token). Returns the outputs
+        in that left-padded layout; the cache is then left-aligned."""
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
-        self.valid = mask
-        self.seq_lens = mask.sum(-1)
+        self.seq_lens = attention_mask.long().sum(-1)
+        pads = input_ids.shape[1] - self.seq_lens
+        if bool((pads > 0).any()):
+            # Slot j of request b takes its padded slot pads[b] + j (clamped: stale beyond its length).
+            src = (pads[:, None] + torch.arange(input_ids.shape[1], device=pads.device)).clamp(
+                max=input_ids.shape[1] - 1)
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    buf = getattr(layer, name)
+                    index = src[:, None, :, None].expand(buf.shape[0], buf.shape[1], src.shape[1], buf.shape[3])
+                    setattr(layer, name, torch.gather(buf, 2, index))
         return out
+
+    @property
+    def ragged(self) -> bool:
+        return bool((self.seq_lens != self.seq_lens.max()).any())
 
     def verify(self, tree: DraftTree) -> TargetOutput:
         """The target over the tree's N tokens per request, each seeing its committed prefix and
@@ -58,42 +94,57 @@ class TargetRunner:
         b, n = tree.draft_tokens.shape
         tree_mask = tree.tree_mask.view(b, n, n)
         positions = tree.positions.view(b, n)
-        if self.use_tree_attention and bool(self.valid.all()):
-            s = self.valid.shape[1]
-            cache_lens = torch.full((b,), s, dtype=torch.int64, device=tree_mask.device)
+        s = self.cache.get_seq_length()
+        self._tree_start = torch.full_like(self.seq_lens, s)  # where the cache appends the tree
+        if self.use_tree_attention:
+            extra = {"tree_start": self._tree_start} if self.ragged else {}
             return self._forward(input_ids=tree.draft_tokens, position_ids=positions, tree_mask=tree_mask,
-                                 cache_lens=cache_lens)
-        visible = torch.cat([self.valid[:, None, :].expand(b, n, self.valid.shape[1]), tree_mask], dim=-1)
+                                 cache_lens=self.seq_lens, **extra)
+        return self._forward(input_ids=tree.draft_tokens, position_ids=positions,
+                             attention_mask=self._sdpa_masks(tree_mask, positions, s))
+
+    def _sdpa_masks(self, tree_mask: torch.Tensor, positions: torch.Tensor, s: int) -> Union[torch.Tensor, dict]:
+        """Additive masks [B, 1, N, S + N] for the model's own attention, per layer type."""
+        b, n, _ = tree_mask.shape
+        device = tree_mask.device
+        slot = torch.arange(s, device=device)
+        prefix = (slot[None, :] < self.seq_lens[:, None])[:, None, :].expand(b, n, s)       # slot = position
+        key_pos = torch.cat([slot[None, :].expand(b, s), positions], dim=1)                # [B, S + N]
+        visible = torch.cat([prefix, tree_mask], dim=-1)                                   # [B, N, S + N]
         dtype = self.model.get_input_embeddings().weight.dtype
-        additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-        additive.masked_fill_(~visible, torch.finfo(dtype).min)
-        return self._forward(input_ids=tree.draft_tokens, position_ids=positions, attention_mask=additive[:, None])
+
+        def additive(window: Optional[int]) -> torch.Tensor:
+            seen = visible if window is None else visible & (key_pos[:, None, :] > positions[:, :, None] - window)
+            return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill(~seen, torch.finfo(dtype).min)[:, None]
+
+        masks = {kind: additive(window) for kind, window in self.windows.items()}
+        return masks if len(masks) > 1 else masks[FULL]
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keeps only the requests at indices ``keep`` (finished ones leave the batch)."""
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, keep)
             layer.values = layer.values.index_select(0, keep)
-        self.valid = self.valid.index_select(0, keep)
         self.seq_lens = self.seq_lens.index_select(0, keep)
+        surplus = self.cache.get_seq_length() - int(self.seq_lens.max())
+        if surplus > 0:
+            self.cache.crop(-surplus)
 
     def commit(self, accept_local: torch.Tensor, counts: torch.Tensor) -> None:
         """Keeps, per request, the tree nodes ``accept_local[b, :counts[b]]`` (root first) and drops
         the rest of the tree. Keys and values are moved, never recomputed."""
-        b, m_max = accept_local.shape
+        b = accept_local.shape[0]
         m = int(counts.max())
-        s = self.valid.shape[1]
         device = accept_local.device
-        src = (s + accept_local[:, :m].clamp(min=0)).long()            # [B, m]
+        src = self._tree_start[:, None] + accept_local[:, :m].clamp(min=0).long()     # [B, m]
+        dst = self.seq_lens[:, None] + torch.arange(m, device=device)                  # [B, m]
         for layer in self.cache.layers:
             for name in ("keys", "values"):
-                buf = getattr(layer, name)                               # [B, Hkv, S + N, D]
-                index = src[:, None, :, None].expand(b, buf.shape[1], m, buf.shape[3])
-                moved = torch.gather(buf, 2, index)
-                buf[:, :, s:s + m] = moved
-        surplus = self.cache.get_seq_length() - (s + m)
+                buf = getattr(layer, name)                                             # [B, Hkv, S + N, D]
+                shape = (b, buf.shape[1], m, buf.shape[3])
+                moved = torch.gather(buf, 2, src[:, None, :, None].expand(shape))
+                buf.scatter_(2, dst[:, None, :, None].expand(shape), moved)
+        self.seq_lens = self.seq_lens + counts
+        surplus = self.cache.get_seq_length() - int(self.seq_lens.max())
         if surplus > 0:
             self.cache.crop(-surplus)
-        kept = torch.arange(m, device=device)[None, :] < counts[:, None]
-        self.valid = torch.cat([self.valid, kept], dim=1)
-        self.seq_lens = self.seq_lens + counts

@@ -1,6 +1,7 @@
-"""Training data for the draft: plain text files or JSONL (text, or chat conversations rendered
-with the target's chat template, loss on assistant tokens only), tokenized by the target's
-tokenizer into sequences of at most max_len tokens."""
+"""Training data for the draft: plain text files or JSONL (text, chat conversations rendered
+with the target's chat template, loss on assistant tokens only, or pre-tokenized "input_ids"
+with an optional "loss_mask"), tokenized by the target's tokenizer into sequences of at most
+max_len tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 
@@ -56,8 +57,25 @@ def _text_examples(tokenizer, text: str, max_len: int) -> Iterator[Example]:
             yield Example(torch.tensor(chunk), torch.ones(len(chunk), dtype=torch.bool))
 
 
-def load_examples(paths: Sequence[str], tokenizer, max_len: int) -> List[Example]:
-    """Reads every file: *.jsonl lines with "text" or "messages"; anything else as plain text."""
+def _token_examples(record: dict, where: str, max_len: int) -> Iterator[Example]:
+    """Pre-tokenized data: "input_ids" (and optionally a 0/1 "loss_mask" of the same length),
+    cut into windows of max_len tokens like text."""
+    ids, mask = record["input_ids"], record.get("loss_mask")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
+        raise ValueError(f"{where}: \"input_ids\" must be a list of non-negative integers")
+    if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids) or
+                             not all(m in (0, 1, True, False) for m in mask)):
+        raise ValueError(f"{where}: \"loss_mask\" must be a list of 0/1 as long as \"input_ids\" ({len(ids)})")
+    mask = [True] * len(ids) if mask is None else [bool(m) for m in mask]
+    for start in range(0, len(ids), max_len):
+        chunk = ids[start:start + max_len]
+        if len(chunk) >= 3 and any(mask[start:start + max_len]):
+            yield Example(torch.tensor(chunk), torch.tensor(mask[start:start + max_len]))
+
+
+def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Optional[int] = None) -> List[Example]:
+    """Reads every file: *.jsonl lines with "text", "messages" or "input_ids"; anything else as
+    plain text."""
     if max_len < 4:
         raise ValueError(f"max_len must be at least 4 tokens, got {max_len}")
     if not paths:
@@ -84,16 +102,20 @@ def load_examples(paths: Sequence[str], tokenizer, max_len: int) -> List[Example
                     examples.append(_chat_example(tokenizer, record["messages"], where, max_len))
                 elif isinstance(record.get("text"), str):
                     examples.extend(_text_examples(tokenizer, record["text"], max_len))
+                elif "input_ids" in record:
+                    examples.extend(_token_examples(record, where, max_len))
                 else:
-                    raise ValueError(f"{where}: expected a \"text\" string or a \"messages\" list")
+                    raise ValueError(f"{where}: expected a \"text\" string, a \"messages\" list or an "
+                                     "\"input_ids\" list")
         else:
             examples.extend(_text_examples(tokenizer, content, max_len))
         if len(examples) == before:
             raise ValueError(f"training data file {path} yields no example of at least 3 tokens")
-    vocab = len(tokenizer)
+    vocab = vocab_size or len(tokenizer)
     top = max(int(e.input_ids.max()) for e in examples)
     if top >= vocab:
-        raise ValueError(f"token id {top} in the data is outside the tokenizer's vocabulary ({vocab})")
+        raise ValueError(f"token id {top} in the data is outside the {'target' if vocab_size else 'tokenizer'}'s "
+                         f"vocabulary ({vocab})")
     return examples
 
 

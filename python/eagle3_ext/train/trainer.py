@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers, fingerprint
+from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from ..dtypes import DTYPES, check_dtype_name
 from ..engine.capture import AuxHiddenCapture
@@ -88,6 +89,11 @@ def draft_config_for(target_config, aux_layers: List[int], draft_vocab_size: int
     get = lambda k, d=None: getattr(target_config, k, d)  # noqa: E731
     rope = get("rope_parameters") or {}
     scaling = get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind not in SUPPORTED_ROPE_TYPES:
+        # The draft's positions are its own: it is trained with plain rope at the target's theta.
+        logger.warning("the target's rope type %r is not implemented in the draft; the draft uses default rope", kind)
+        scaling = None
     heads = get("num_attention_heads")
     return Eagle3DraftConfig(
         hidden_size=hidden, intermediate_size=get("intermediate_size"), num_attention_heads=heads,
@@ -114,7 +120,7 @@ class Trainer:
             raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is {vocab}")
         aux = config.aux_layers or list(eagle_default_aux_layers(layers))
 
-        examples = load_examples(config.data, self.tokenizer, config.max_len)
+        examples = load_examples(config.data, self.tokenizer, config.max_len, vocab_size=vocab)
         order = list(range(len(examples)))
         random.Random(config.seed).shuffle(order)
         n_val = min(config.val_max_examples, max(1, int(round(len(examples) * config.val_fraction))))
