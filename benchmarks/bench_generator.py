@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     if (args.target is None) != (args.draft is None):
         parser.error("give both --target and --draft, or neither")
 
-    from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-    from eagle3_ext.engine.bench import hf_generate
+    from eagle3_ext.engine import GenerationStats, SpeculativeGenerator, TreeConfig
+    from eagle3_ext.engine.baseline import hf_generate
     from eagle3_ext.engine.run import load_pair
 
     workdir = tempfile.mkdtemp()
@@ -75,29 +75,19 @@ def main(argv=None) -> int:
     for name, shape in CONFIGS.items():
         gen = SpeculativeGenerator(target, draft, TreeConfig(**shape), tokenizer=tok)
         gen.generate(prompts[0], max_new_tokens=8, eos_token_id=[])  # warm-up
-        spec_time = hf_time = 0.0
-        tokens = 0
-        identical = True
-        parts = dict(draft=0.0, tree_build=0.0, verify=0.0, accept=0.0, compact=0.0, other=0.0)
-        accepted = rounds = 0
+        hf_time, identical, runs = 0.0, True, []
         for prompt in prompts:  # interleaved: each prompt runs both ways back to back
             ref, t_hf = hf(prompt)
-            target.set_attn_implementation("eagle3_tree")
-            out = gen.generate(prompt, max_new_tokens=args.max_new_tokens, eos_token_id=[])
-            s = out.stats
-            identical &= out.sequences[0] == ref
-            spec_time += s.total_time_s
+            out = gen.generate(prompt, max_new_tokens=args.max_new_tokens, eos_token_id=[], return_dict_in_generate=True)
+            identical &= out.new_tokens[0] == ref
             hf_time += t_hf
-            tokens += s.new_tokens
-            accepted += s.accepted_drafts + s.request_rounds
-            rounds += s.request_rounds
-            for key, value in (("draft", s.draft_time_s), ("tree_build", s.tree_build_time_s),
-                               ("verify", s.verify_time_s), ("accept", s.accept_time_s),
-                               ("compact", s.compact_time_s), ("other", s.other_time_s)):
-                parts[key] += value
-        r = {"config": name, **shape, "tokens_per_s": tokens / spec_time, "hf_tokens_per_s": tokens / hf_time,
-             "speedup": hf_time / spec_time, "acceptance_length": accepted / max(1, rounds), "identical": identical,
-             "breakdown": {k: v / spec_time for k, v in parts.items()}}
+            runs.append(out.stats)
+        s = GenerationStats.combine(runs)
+        parts = {"draft": s.draft_time_s, "tree_build": s.tree_build_time_s, "verify": s.verify_time_s,
+                 "accept": s.accept_time_s, "compact": s.compact_time_s, "other": s.other_time_s}
+        r = {"config": name, **shape, "tokens_per_s": s.tokens_per_s, "hf_tokens_per_s": s.new_tokens / hf_time,
+             "speedup": hf_time / s.total_time_s, "acceptance_length": s.acceptance_length, "identical": identical,
+             "breakdown": {k: v / s.total_time_s for k, v in parts.items()}}
         report["results"].append(r)
         b = r["breakdown"]
         print(f"{name:>11} {r['tokens_per_s']:>7.1f} {r['hf_tokens_per_s']:>8.1f} {r['speedup']:>6.2f}x "

@@ -11,13 +11,12 @@ the window decides the output; Gemma 2 soft-caps its logits, GPT-OSS has attenti
 DeepSeek-V3 is MLA (value head dim 16 against 24 for queries and keys) with routed experts.
 """
 
-import os
-
 import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine.baseline import hf_generate
 from tiny_models import ARCH_SETTINGS, corpus, make_trained_pair
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "deepseek_v3",
@@ -45,10 +44,7 @@ def prompts(tokenizer, count):
 
 
 def hf_greedy(target_dir, prompt, **config):
-    model = _reference_model(target_dir, **config)
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return hf_generate(_reference_model(target_dir, **config), None, [prompt], NEW_TOKENS, stop_at_eos=False)[0][0]
 
 
 _REFERENCE = {}
@@ -75,11 +71,11 @@ def test_identical_to_hf_generate_with_acceptance(arch, tree, tmp_path_factory):
     draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
     gen = SpeculativeGenerator(target, draft, TREES[tree], attention="tree")
     batch = prompts(tok, 3)
-    single = gen.generate([batch[0]], max_new_tokens=NEW_TOKENS, eos_token_id=[])
-    ragged = gen.generate(batch, max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    single = gen.generate([batch[0]], max_new_tokens=NEW_TOKENS, eos_token_id=[], return_dict_in_generate=True)
+    ragged = gen.generate(batch, max_new_tokens=NEW_TOKENS, eos_token_id=[], return_dict_in_generate=True)
     expected = [hf_greedy(target_dir, p) for p in batch]
-    assert single.sequences[0] == expected[0], f"{arch} {tree} batch 1"
-    assert ragged.sequences == expected, f"{arch} {tree} ragged batch of 3"
+    assert single.new_tokens[0] == expected[0], f"{arch} {tree} batch 1"
+    assert ragged.new_tokens == expected, f"{arch} {tree} ragged batch of 3"
     assert gen.attention_path == "tree"
     window = ARCH_SETTINGS[arch].get("sliding_window")
     if window:  # the window decides the output: without it Hugging Face's own output differs

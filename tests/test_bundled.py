@@ -12,7 +12,7 @@ from eagle3_ext.draft import eagle_default_aux_layers
 from eagle3_ext.cli import main as cli_main
 from eagle3_ext.doctor import diagnose
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.bench import hf_generate
+from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.models import bundled_eval_prompts, bundled_paths, recipe
 
 SIZE_CAP = 40 * 10**6
@@ -61,10 +61,10 @@ def test_greedy_speculation_is_identical_and_accepts_drafts(pair):
     ref, _ = hf_generate(target, tok, prompts, 48)
     gen = SpeculativeGenerator(target, draft, TreeConfig(5, 4, 16), tokenizer=tok)
     for prompt, expected in zip(prompts, ref):
-        out = gen.generate(prompt, max_new_tokens=48)
-        assert out.sequences[0] == expected
+        out = gen.generate(prompt, max_new_tokens=48, return_dict_in_generate=True)
+        assert out.new_tokens[0] == expected
     # A trained pair drafts tokens the target accepts; a mismatched capture falls to about 1.
-    out = gen.generate(prompts, max_new_tokens=48)
+    out = gen.generate(prompts, max_new_tokens=48, return_dict_in_generate=True)
     assert out.stats.acceptance_length > 2.0, out.stats
 
 

@@ -223,7 +223,6 @@ def test_llama3_rope_matches_transformers():
 def plain_forward(model, ids, features, positions):
     """Independent re-implementation of the EAGLE-3 draft step (causal, no cache)."""
     cfg = model.config
-    lay = model.layers[0]
     sd = {k: v.float() for k, v in model.state_dict().items()}
 
     def rms(x, w):

@@ -116,9 +116,9 @@ def _shifted_draft(d, target, by):
 
 def test_guard_stops_a_shifted_capture_before_any_draft_step(trained, monkeypatch):
     d, target, tok = trained
-    import eagle3_ext.engine.generator as generator
+    import eagle3_ext.engine.batch as batch
     steps = []
-    monkeypatch.setattr(generator, "extend", lambda *a, **k: steps.append(1))
+    monkeypatch.setattr(batch, "extend", lambda *a, **k: steps.append(1))
     gen = SpeculativeGenerator(target, _shifted_draft(d, target, 1), tokenizer=tok)
     with pytest.raises(CaptureMismatchError) as e:
         gen.generate("def f", max_new_tokens=4)
@@ -132,9 +132,9 @@ def test_guard_warns_when_not_strict_and_costs_one_probe(trained, caplog):
     d, target, tok = trained
     gen = SpeculativeGenerator(target, _shifted_draft(d, target, 1), tokenizer=tok, strict=False)
     with caplog.at_level("WARNING"):
-        out = gen.generate("def f", max_new_tokens=4)
+        out = gen.generate("def f", max_new_tokens=4, return_dict_in_generate=True)
     assert "capture check failed" in caplog.text and out.stats.guard_time_s > 0
-    assert gen.generate("def f", max_new_tokens=4).stats.guard_time_s == 0.0  # once per generator
+    assert gen.generate("def f", max_new_tokens=4, return_dict_in_generate=True).stats.guard_time_s == 0.0
 
 
 def test_guard_passes_the_trained_capture(trained):

@@ -6,8 +6,10 @@ import torch
 
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine import generator as generator_module
+from eagle3_ext.engine import batch as batch_module
+from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.train.trainer import draft_config_for
+from sampling_stats import chi_square, chi_square_bound, exact_joint, make_small_vocab_pair, sample_joint
 from tiny_models import make_trained_pair
 
 PROMPTS = ["def print return", "class value key item index count", "for while if else", "import",
@@ -30,13 +32,8 @@ def trained(request, tmp_path_factory):
 
 
 def hf_greedy(target, tok, prompts, max_new_tokens, eos=None):
-    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
-    out = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-                          pad_token_id=tok.pad_token_id)
-    rows = out[:, enc["input_ids"].shape[1]:].tolist()
-    if eos is not None:  # Hugging Face pads finished rows; keep up to the first EOS
-        rows = [r[: r.index(eos) + 1] if eos in r else r for r in rows]
-    return rows
+    """Hugging Face's greedy generate, up to ``eos`` when given (none otherwise)."""
+    return hf_generate(target, tok, prompts, max_new_tokens, stop_at_eos=eos is not None, eos_token_id=eos)[0]
 
 
 @pytest.mark.parametrize("attention", ["tree", "sdpa"])
@@ -45,11 +42,11 @@ def test_greedy_is_token_identical(trained, tree, attention):
     arch, target, tok, draft = trained
     gen = SpeculativeGenerator(target, draft, tree, tokenizer=tok, attention=attention)
     expected = hf_greedy(target, tok, PROMPTS, 24)
-    batched = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=[])
-    assert batched.sequences == expected
+    batched = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=[], return_dict_in_generate=True)
+    assert batched.new_tokens == expected
     assert batched.stats.acceptance_length > 1.0  # the draft's tokens were really used
     for prompt, want in zip(PROMPTS[:2], expected[:2]):  # batch 1
-        assert gen.generate(prompt, max_new_tokens=24, eos_token_id=[]).sequences == [want]
+        assert gen.generate(prompt, max_new_tokens=24, eos_token_id=[], return_dict_in_generate=True).new_tokens == [want]
 
 
 def test_tree_attention_survives_a_switch_to_sdpa(trained):
@@ -59,22 +56,22 @@ def test_tree_attention_survives_a_switch_to_sdpa(trained):
     gen = SpeculativeGenerator(target, draft, TreeConfig(5, 4, 16), tokenizer=tok)
     target.set_attn_implementation("sdpa")
     expected = hf_greedy(target, tok, PROMPTS[:1], 24)
-    assert gen.generate(PROMPTS[0], max_new_tokens=24, eos_token_id=[]).sequences == expected
+    assert gen.generate(PROMPTS[0], max_new_tokens=24, eos_token_id=[], return_dict_in_generate=True).new_tokens == expected
 
 
 def test_stop_at_eos_and_stop_strings(trained):
     _, target, tok, draft = trained
     gen = SpeculativeGenerator(target, draft, TREES[1], tokenizer=tok)
-    free = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=[]).sequences[0]
+    free = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=[], return_dict_in_generate=True).new_tokens[0]
     eos = free[7]
-    stopped = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=eos)
-    assert stopped.sequences[0] == free[: free.index(eos) + 1]
+    stopped = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=eos, return_dict_in_generate=True)
+    assert stopped.new_tokens[0] == free[: free.index(eos) + 1]
     assert stopped.finish_reasons == ["eos"]
-    assert stopped.sequences == hf_greedy(target, tok, PROMPTS[:1], 30, eos=eos)
+    assert stopped.new_tokens == hf_greedy(target, tok, PROMPTS[:1], 30, eos=eos)
     text = tok.decode(free[:12])
     stop = text[-3:]
-    out = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=[], stop=[stop])
-    assert stop in tok.decode(out.sequences[0]) and stop not in tok.decode(out.sequences[0][:-1])
+    out = gen.generate(PROMPTS[0], max_new_tokens=30, eos_token_id=[], stop_strings=[stop], return_dict_in_generate=True)
+    assert stop in tok.decode(out.new_tokens[0]) and stop not in tok.decode(out.new_tokens[0][:-1])
     assert out.finish_reasons == ["stop"]
 
 
@@ -94,17 +91,18 @@ def test_streaming_order(trained):
     _, target, tok, draft = trained
     gen = SpeculativeGenerator(target, draft, TREES[2], tokenizer=tok)
     streamer = RecordingStreamer()
-    out = gen.generate(PROMPTS[1], max_new_tokens=20, eos_token_id=[], streamer=streamer)
-    assert streamer.chunks[0] == tok(PROMPTS[1])["input_ids"]  # the prompt first, as HF streamers expect
+    out = gen.generate(PROMPTS[1], max_new_tokens=20, eos_token_id=[], streamer=streamer, return_dict_in_generate=True)
+    assert streamer.chunks[0] == [tok(PROMPTS[1])["input_ids"]]  # the prompt first, as HF streamers expect
     streamed = [t for chunk in streamer.chunks[1:] for t in chunk]
-    assert streamed == out.sequences[0] and streamer.ended
+    assert streamed == out.new_tokens[0] and streamer.ended
     assert len(streamer.chunks) > 2
 
 
 def test_stats(trained):
     _, target, tok, draft = trained
     out = SpeculativeGenerator(target, draft, TREES[2], tokenizer=tok).generate(PROMPTS, max_new_tokens=16,
-                                                                                 eos_token_id=[])
+                                                                                 eos_token_id=[],
+                                                                                 return_dict_in_generate=True)
     s = out.stats
     assert s.new_tokens == 16 * len(PROMPTS)
     assert s.target_forwards == s.rounds + 1
@@ -141,73 +139,10 @@ def test_cli_generate_errors(capsys):
 
 # --- sampling is lossless ----------------------------------------------------------------------
 
-VOCAB = 8
-
 
 @pytest.fixture(scope="module")
 def small_vocab_pair():
-    import transformers
-
-    torch.manual_seed(3)
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
-                                   tie_word_embeddings=False)
-    target = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(4.0)
-    draft = Eagle3DraftModel(draft_config_for(cfg, [1, 2, 3], VOCAB))
-    with torch.no_grad():
-        draft.t2d[:] = True
-        draft.lm_head.weight.copy_(target.lm_head.weight * 0.5)  # related but different proposals
-    return target, draft
-
-
-def exact_joint(target, prompt, length, temperature):
-    """P(t1..t_length | prompt) for every sequence, by enumeration."""
-    probs = {(): 1.0}
-    for _ in range(length):
-        seqs = list(probs)
-        ids = torch.tensor([prompt + list(s) for s in seqs])
-        with torch.no_grad():
-            p = (target(ids).logits[:, -1].float() / temperature).softmax(-1)
-        probs = {s + (v,): probs[s] * float(p[i, v]) for i, s in enumerate(seqs) for v in range(VOCAB)}
-    return probs
-
-
-def sample_joint(target, draft, prompt, length, temperature, trials, batch=2500, seed=0):
-    gen = SpeculativeGenerator(target, draft, TreeConfig(depth=3, topk=2, num_draft_tokens=6), attention="sdpa")
-    counts = {}
-    for i in range(trials // batch):
-        out = gen.generate([prompt] * batch, max_new_tokens=length, temperature=temperature, eos_token_id=[],
-                           seed=seed + i)
-        for s in out.sequences:
-            counts[tuple(s)] = counts.get(tuple(s), 0) + 1
-    return counts
-
-
-def chi_square(counts, probs, trials, min_expected=20):
-    """Pearson statistic and degrees of freedom over cells with enough expected mass (the rest
-    pooled into one cell)."""
-    stat, dof, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
-    for seq, p in probs.items():
-        exp = p * trials
-        obs = counts.get(seq, 0)
-        if exp >= min_expected:
-            stat += (obs - exp) ** 2 / exp
-            dof += 1
-        else:
-            pooled_obs += obs
-            pooled_exp += exp
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        dof += 1
-    return stat, dof
-
-
-def chi_square_bound(dof):
-    # Upper 1e-4 quantile of chi-square(dof), Wilson-Hilferty approximation.
-    z = 3.719
-    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+    return make_small_vocab_pair()
 
 
 @pytest.mark.slow
@@ -220,7 +155,7 @@ def test_sampling_matches_target_distribution(small_vocab_pair, monkeypatch):
 
     # Negative control: a lossy acceptance rule (sgl-kernel's threshold_acc < 1) must fail the bound.
     from eagle3_ext import tree
-    monkeypatch.setattr(generator_module, "verify_sampling",
+    monkeypatch.setattr(batch_module, "verify_sampling",
                         functools.partial(tree.verify_sampling, threshold_acc=0.3))
     stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials), probs, trials)
     assert stat > chi_square_bound(dof), f"biased sampler passed: chi-square {stat:.1f} with {dof} dof"
@@ -235,10 +170,10 @@ def test_bad_inputs_fail_before_generation(trained, tmp_path):
         gen.generate([[1, 2], []])
     with pytest.raises(ValueError, match=r"prompt 0 has 600 tokens, longer than the target's context \(512"):
         gen.generate([[1] * 600])
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_new_tokens. must be greater than 0"):
         gen.generate("def", max_new_tokens=0)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
-        gen.generate("def", temperature=-1)
+        gen.generate("def", do_sample=True, temperature=-1)
     with pytest.raises(ValueError, match="num_draft_tokens must be in"):
         TreeConfig(depth=2, topk=2, num_draft_tokens=40)
 
@@ -316,9 +251,9 @@ def test_memory_flat_over_10k_tokens():
     gen = SpeculativeGenerator(target, draft, TreeConfig.chain(7))
     gen.generate([[1, 2, 3]], max_new_tokens=2000, eos_token_id=[])  # warm the allocator
     before = rss_bytes()
-    out = gen.generate([[1, 2, 3]], max_new_tokens=10000, eos_token_id=[])
+    out = gen.generate([[1, 2, 3]], max_new_tokens=10000, eos_token_id=[], return_dict_in_generate=True)
     grown = rss_bytes() - before
-    assert out.sequences[0] == [5] * 10000
+    assert out.new_tokens[0] == [5] * 10000
     assert out.stats.acceptance_length > 7.5
     # KV caches of 10k tokens: target 4 layers x 2 x 2 heads x 8 dims x 4 B = 512 B per token, the
     # draft's 256 B: about 8 MB in all. Anything that kept per-round state would add far more.

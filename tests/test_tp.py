@@ -48,7 +48,8 @@ def test_tp2_matches_plain_greedy_and_tp1(pair, tmp_path):
     target = AutoModelForCausalLM.from_pretrained(pair / "target", dtype=torch.float32).eval()
     draft = Eagle3DraftModel.from_pretrained(str(pair / "draft"), target_config=target.config)
     single = SpeculativeGenerator(target, draft, TreeConfig(depth=3, topk=2, num_draft_tokens=6), tokenizer=tok)
-    assert single.generate(tp_worker.PROMPTS, max_new_tokens=16, eos_token_id=[]).sequences == ranks[0]["spec"]
+    assert single.generate(tp_worker.PROMPTS, max_new_tokens=16, eos_token_id=[],
+                           return_dict_in_generate=True).new_tokens == ranks[0]["spec"]
 
 
 def test_cli_under_torchrun_prints_once(pair):

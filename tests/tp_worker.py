@@ -10,6 +10,7 @@ import torch
 from eagle3_ext.distributed import init_from_env, load_target, rank, shutdown
 from eagle3_ext.draft import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine.baseline import hf_generate
 
 PROMPTS = ["def print return", "class value key item index count", "for while if else"]
 
@@ -25,14 +26,12 @@ def main(out_dir: str, target_dir: str, draft_dir: str, mode: str) -> None:
     draft = Eagle3DraftModel.from_pretrained(draft_dir, target_config=target.config)
     gen = SpeculativeGenerator(target, draft, TreeConfig(depth=3, topk=2, num_draft_tokens=6), tokenizer=tok,
                                check_ranks=True)
-    spec = gen.generate(PROMPTS, max_new_tokens=16, eos_token_id=[])
-    sampled = gen.generate(PROMPTS, max_new_tokens=16, eos_token_id=[], temperature=0.8, top_k=20, seed=123)
-    target.set_attn_implementation("sdpa")
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
-    ref = target.generate(**enc, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id)
-    plain = [row[enc["input_ids"].shape[1]:].tolist() for row in ref]
+    spec = gen.generate(PROMPTS, max_new_tokens=16, eos_token_id=[], return_dict_in_generate=True)
+    sampled = gen.generate(PROMPTS, max_new_tokens=16, eos_token_id=[], do_sample=True, temperature=0.8, top_k=20,
+                           seed=123, return_dict_in_generate=True)
+    plain, _ = hf_generate(target, tok, PROMPTS, 16, stop_at_eos=False)
     with open(f"{out_dir}/rank{rank()}.json", "w") as f:
-        json.dump({"spec": spec.sequences, "plain": plain, "sampled": sampled.sequences,
+        json.dump({"spec": spec.new_tokens, "plain": plain, "sampled": sampled.new_tokens,
                    "acceptance_length": spec.stats.acceptance_length,
                    "weight_type": type(target.model.layers[0].self_attn.q_proj.weight).__name__}, f)
     shutdown()

@@ -11,6 +11,7 @@ import torch  # noqa: F401  (the native module links against the torch already l
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
 from .draft import AuxLayerResolution, Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
+from .engine import SpeculativeGenerateOutput, SpeculativeGenerator, TreeConfig
 from .ops import (
     build_tree_kernel_efficient,
     fused_aux_fc,
@@ -44,6 +45,9 @@ __all__ = [
     "AuxLayerResolution",
     "Eagle3DraftConfig",
     "Eagle3DraftModel",
+    "SpeculativeGenerateOutput",
+    "SpeculativeGenerator",
+    "TreeConfig",
     "build_info",
     "build_tree_kernel_efficient",
     "fused_aux_fc",

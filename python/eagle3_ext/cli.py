@@ -227,7 +227,8 @@ def _parse_trees(specs):
 
 
 def _run_bench(args) -> int:
-    from .engine.bench import BenchConfig, load_prompts, run_bench, run_sweep, sweep_configs
+    from .engine.bench import BenchConfig, run_bench, run_sweep, sweep_configs
+    from .prompts import load_prompts
 
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,

@@ -81,10 +81,14 @@ def load_target(path: str, dtype: torch.dtype):
 
 
 def shared_seed(seed: int | None) -> int:
-    """The same sampling seed on every rank: ``seed`` if given, else rank 0's random one."""
-    if seed is not None or not is_distributed():
-        return int(seed) if seed is not None else int(torch.seed() % (1 << 63))
-    value = torch.tensor([torch.seed() % (1 << 62)], dtype=torch.int64)
+    """The same sampling seed on every rank: ``seed`` if given, else rank 0's random one (from
+    the operating system: torch's global RNG is neither read nor reseeded)."""
+    if seed is not None:
+        return int(seed)
+    fresh = int.from_bytes(os.urandom(8), "little") % (1 << 62)
+    if not is_distributed():
+        return fresh
+    value = torch.tensor([fresh], dtype=torch.int64)
     dist.broadcast(value, src=0)
     return int(value.item())
 

@@ -24,7 +24,6 @@ convention flag, an untrained d2t. Acceptance just collapses. The doctor runs
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -40,7 +39,6 @@ from .evidence import paired_difference
 from .report import Candidate, DoctorReport
 from .verdict import judge
 
-logger = logging.getLogger(__name__)
 
 STEP_WEIGHT = 0.8  # per-step weight of the token loss, as in training
 
@@ -319,7 +317,7 @@ class Doctor:
             model = variant(self.draft, setups[name])
             try:
                 gen = SpeculativeGenerator(self.target, model, TreeConfig.chain(max(self.steps, 4)), strict=False)
-                out = gen.generate(prompts, max_new_tokens=self.acceptance_tokens)
+                out = gen.generate(prompts, max_new_tokens=self.acceptance_tokens, return_dict_in_generate=True)
             except ValueError as e:
                 self.report.acceptance[name] = {"error": str(e)}
                 continue

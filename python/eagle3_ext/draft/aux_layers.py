@@ -17,11 +17,9 @@ validation against the target names the numbers when anything disagrees.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-logger = logging.getLogger(__name__)
 
 CONVENTION = "hf_hidden_states_index"
 CONVENTION_DOC = "index into output_hidden_states: 0 = embedding output, i = output of decoder layer i-1"

@@ -23,7 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from .aux_layers import (CONVENTION, AuxLayerResolution, check_aux_layers, eagle_default_aux_layers,
+from .aux_layers import (CONVENTION, check_aux_layers, eagle_default_aux_layers,
                          resolve_aux_layer_ids, target_dims)
 from .config import Eagle3DraftConfig
 from .conventions import FLAGS, check_known_keys, read_flags, write_flags
@@ -131,19 +131,25 @@ def config_from_dict(raw: Mapping[str, Any], fmt: str, state: Mapping[str, torch
     )
 
 
+def read_config(path: str, role: str = "draft") -> Dict[str, Any]:
+    """A model directory's config.json as a dict, with a one-line error for a missing directory,
+    a directory without config.json or invalid JSON (``role`` names the directory's part)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{role} directory {path} does not exist")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{path} has no config.json: not a {role} model directory")
+    with open(config_path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
 def read_checkpoint(path: str) -> Tuple[Dict[str, Any], str, Dict[str, torch.Tensor]]:
     """(config.json as a dict, its format, weights under this library's names) of a draft
     directory, with a clear error for a missing or unreadable one."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"draft directory {path} does not exist")
-    config_path = os.path.join(path, "config.json")
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(f"{path} has no config.json: not a draft checkpoint directory")
-    with open(config_path) as f:
-        try:
-            raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    raw = read_config(path, "draft")
     state = normalize_names(_read_state(path))
     if "fc.weight" not in state:
         raise ValueError(f"{path}: the checkpoint has no fc.weight; it is not an EAGLE-3 draft")

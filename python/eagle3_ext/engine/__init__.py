@@ -3,8 +3,8 @@ accept -> compact."""
 
 from .capture import AuxHiddenCapture, find_decoder_layers
 from .config import SamplingConfig, TreeConfig
-from .generator import CaptureMismatchError, GenerationOutput, SpeculativeGenerator
+from .generator import CaptureMismatchError, SpeculativeGenerateOutput, SpeculativeGenerator
 from .stats import GenerationStats
 
-__all__ = ["AuxHiddenCapture", "CaptureMismatchError", "GenerationOutput", "GenerationStats", "SamplingConfig", "SpeculativeGenerator",
-           "TreeConfig", "find_decoder_layers"]
+__all__ = ["AuxHiddenCapture", "CaptureMismatchError", "GenerationStats", "SamplingConfig", "SpeculativeGenerateOutput",
+           "SpeculativeGenerator", "TreeConfig", "find_decoder_layers"]

@@ -12,18 +12,17 @@ names the fastest for the machine it runs on.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .baseline import hf_generate
 from .config import TreeConfig
+from .stats import GenerationStats
 
-logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIGS = {"chain5": TreeConfig.chain(5), "tree5x4n16": TreeConfig(5, 4, 16),
                    "tree6x8n32": TreeConfig(6, 8, 32)}
@@ -45,41 +44,6 @@ class BenchConfig:
     out: str = "bench-results/e2e"
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
-
-
-def load_prompts(path: str) -> List[str]:
-    """Prompts from a JSONL file ({"prompt": ...} per line) or a text file (one per blank-line block)."""
-    with open(path, encoding="utf-8") as f:
-        content = f.read()
-    if path.endswith(".jsonl"):
-        prompts = [json.loads(line)["prompt"] for line in content.splitlines() if line.strip()]
-    else:
-        prompts = [block.strip("\n") for block in content.split("\n\n") if block.strip()]
-    if not prompts:
-        raise ValueError(f"{path} holds no prompt")
-    return prompts
-
-
-def hf_generate(target, tok, prompts: List[str], max_new: int, stop_at_eos: bool = True, **extra):
-    """Plain Hugging Face greedy generate with SDPA attention: (new tokens per prompt, seconds).
-
-    With ``stop_at_eos`` each row ends at the target's EOS (included); otherwise every row runs
-    to ``max_new`` tokens."""
-    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
-    target.set_attn_implementation("sdpa")
-    if not stop_at_eos:
-        extra["eos_token_id"] = None
-    started = time.perf_counter()
-    with torch.no_grad():
-        out = target.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id, **extra)
-    elapsed = time.perf_counter() - started
-    eos = target.generation_config.eos_token_id if stop_at_eos else None
-    eos = set([eos] if isinstance(eos, int) else (eos or []))
-    rows = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        rows.append(row[:cut])
-    return rows, elapsed
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
@@ -122,28 +86,19 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
                                         "speedup": (lookup_tokens / lookup_time) / (base_tokens / base_time),
                                         "acceptance_length": None, "identical": same}
         for name, gen in gens.items():
-            gen.generate(prompts[:1], max_new_tokens=4)  # warm-up, also restores the tree attention
-            tokens, elapsed, accepted, request_rounds, outputs = 0, 0.0, 0, 0, []
-            depth_hits = [0] * gen.tree.depth
-            for group in groups:
-                res = gen.generate(group, max_new_tokens=cfg.max_new_tokens)
-                s = res.stats
-                outputs += res.sequences
-                tokens += s.new_tokens
-                elapsed += s.total_time_s
-                accepted += s.accepted_drafts
-                request_rounds += s.request_rounds
-                depth_hits = [a + b for a, b in zip(depth_hits, s.depth_accepted)]
-            tps = tokens / elapsed
+            gen.generate(prompts[:1], max_new_tokens=4)  # warm-up
+            results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True)
+                       for group in groups]
+            s = GenerationStats.combine([r.stats for r in results])
+            outputs = [t for r in results for t in r.new_tokens]
             rows[name] = {"method": name, "depth": gen.tree.depth, "topk": gen.tree.topk,
-                          "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": tps,
-                          "speedup": tps / (base_tokens / base_time),
-                          "acceptance_length": (accepted + request_rounds) / max(1, request_rounds),
-                          "depth_acceptance": [h / max(1, request_rounds) for h in depth_hits],
+                          "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": s.tokens_per_s,
+                          "speedup": s.tokens_per_s / (base_tokens / base_time),
+                          "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
                           "identical": outputs == base_outputs}
             if progress:
-                print(f"batch {bs} {name}: {tps:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, acceptance "
-                      f"length {rows[name]['acceptance_length']:.2f}, identical {rows[name]['identical']}",
+                print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
+                      f"acceptance length {s.acceptance_length:.2f}, identical {rows[name]['identical']}",
                       file=sys.stderr, flush=True)
         report["runs"].append({"batch_size": bs, "results": list(rows.values())})
     write_outputs(report, cfg.out)

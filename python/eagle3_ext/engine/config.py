@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,3 @@ def filtered_probs(logits: "torch.Tensor", sampling: SamplingConfig) -> "torch.T
         scores = scores.masked_fill(remove, float("-inf"))
     return scores.softmax(-1)
 
-
-def optional_int(value) -> Optional[int]:
-    return None if value is None else int(value)

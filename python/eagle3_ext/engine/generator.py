@@ -1,10 +1,11 @@
-"""SpeculativeGenerator: EAGLE-3 speculative decoding around any Hugging Face causal LM.
+"""SpeculativeGenerator: EAGLE-3 speculative decoding around any Hugging Face causal LM, with
+the ``generate`` contract of Hugging Face's own.
 
-One round, per the module layout of this package: capture (hooks on the target) -> fc
-(``draft.project_aux``) -> draft tree (``drafting``) -> verify (``target.TargetRunner.verify``
-and ``tree.verify_greedy`` / ``verify_sampling``) -> accept -> compact (``TargetRunner.commit``
-and the draft cache's ``keep``). Greedy output is token-identical to the target's own greedy
-decoding; sampling emits tokens with exactly the target's (filtered) distribution.
+The call resolves its options (``settings``), prepares the prompts (``inputs``), checks the
+capture once (the guard) and runs a ``Batch``: prefill, then draft-verify-accept-compact
+rounds until every request stopped. Greedy output is token-identical to the target's own
+greedy decoding; sampling emits tokens with exactly the target's (processed, filtered)
+distribution.
 """
 
 from __future__ import annotations
@@ -12,21 +13,22 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import List, Optional, Union
 
 import torch
 
 from ..distributed import tp
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import describe_fix
-from ..tree import verify_greedy, verify_sampling
 from .architecture import check_served
+from .batch import Batch
 from .capture import AuxHiddenCapture
-from .config import SamplingConfig, TreeConfig, filtered_probs
-from .drafting import DraftInputs, build_tree, draft_steps, extend
+from .config import TreeConfig
+from .inputs import prepare
+from .settings import GenerateSettings, resolve
 from .stats import GenerationStats
-from .target import TargetRunner
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +38,20 @@ class CaptureMismatchError(ValueError):
 
 
 @dataclass
-class GenerationOutput:
-    """sequences[b]: the new tokens of request b (prompt excluded); text[b] when a tokenizer is
-    known; stats over the whole call."""
+class SpeculativeGenerateOutput:
+    """What ``generate(..., return_dict_in_generate=True)`` returns.
 
-    sequences: List[List[int]]
+    sequences: LongTensor [B, prompt + new], as Hugging Face's generate returns it (the prompt
+        part as given or left-padded, new tokens padded with pad_token_id after a request ends).
+    new_tokens[b]: request b's new tokens; finish_reasons[b]: "eos", "stop" or "length";
+    text[b]: the new tokens decoded (when a tokenizer is known); stats: over the whole call.
+    """
+
+    sequences: torch.Tensor
+    new_tokens: List[List[int]]
+    finish_reasons: List[str]
     stats: GenerationStats
     text: Optional[List[str]] = None
-    finish_reasons: List[str] = field(default_factory=list)
 
 
 class SpeculativeGenerator:
@@ -53,25 +61,30 @@ class SpeculativeGenerator:
         target: the model to accelerate; its outputs are what ``generate`` returns.
         draft: an Eagle3DraftModel trained for this target (validated here, before any token).
         tree: the draft tree per round; ``TreeConfig.chain(d)`` drafts a chain of d tokens.
-        tokenizer: needed for string prompts, stop strings and text output.
+        tokenizer: for string prompts, chat messages, stop strings and text output.
         attention: "tree" runs the verify forward through eagle3.tree_attention (the
             "eagle3_tree" attention implementation); "sdpa" keeps the model's own attention and
             passes a 4D mask.
-        check_ranks: under tensor parallelism, verify after each call that every rank produced
-            the same tokens (an all-gather; default: the EAGLE3_CHECK_RANKS environment variable).
+        check_ranks: under tensor parallelism, verify after each call that every rank produced the
+            same tokens (an all-gather; default: the EAGLE3_CHECK_RANKS environment variable).
         strict: the capture guard. When the draft carries an activation fingerprint, the first
             ``generate`` runs the fingerprint's probe through the target and compares the
             captured states with it before any draft step; a mismatch (a capture of other layers
             than the draft was trained on, or another target) raises ``CaptureMismatchError``.
             ``strict=False`` turns that into a warning.
+
+    Nothing about the target is changed outside ``generate``: each call switches it to eval
+    mode and to the tree attention and restores both afterwards, even when it raises.
     """
 
     def __init__(self, target, draft: Eagle3DraftModel, tree: TreeConfig = TreeConfig(), tokenizer=None,
                  attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True):
         if attention not in ("tree", "sdpa"):
             raise ValueError(f"attention must be 'tree' or 'sdpa', got {attention!r}")
+        if not isinstance(tree, TreeConfig):
+            raise TypeError(f"tree must be a TreeConfig, got {type(tree).__name__}")
         check_served(target.config)
-        self.target = target.eval()
+        self.target = target
         self.draft = draft.eval()
         self.tree = tree
         self.tokenizer = tokenizer
@@ -82,35 +95,95 @@ class SpeculativeGenerator:
         draft.bind_embeddings(target.get_input_embeddings())
         self.capture = AuxHiddenCapture(target, draft.aux_layer_ids)
         self.use_tree_attention = attention == "tree"
-        self._ensure_tree_attention()
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
         self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
         self.strict = strict
         self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
 
-    # --- inputs ----------------------------------------------------------------------------
-    def _prompt_ids(self, prompts) -> List[List[int]]:
-        if isinstance(prompts, torch.Tensor):
-            if prompts.dim() == 1:
-                prompts = prompts[None]
-            if prompts.dim() != 2:
-                raise ValueError(f"input_ids must be [B, L] or [L], got shape {list(prompts.shape)}")
-            return [row.tolist() for row in prompts]
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError("prompts must be a string, a non-empty list of strings or token lists, or a tensor")
-        out = []
-        for p in prompts:
-            if isinstance(p, str):
-                if self.tokenizer is None:
-                    raise ValueError("string prompts need a tokenizer: SpeculativeGenerator(..., tokenizer=...)")
-                out.append(self.tokenizer(p)["input_ids"])
-            else:
-                out.append([int(t) for t in p])
-        return out
+    @classmethod
+    def from_pretrained(cls, target, draft, *, tokenizer=None, dtype: Union[None, str, torch.dtype] = None,
+                        draft_dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
+                        tree: Optional[TreeConfig] = None, attention: str = "tree", strict: bool = True,
+                        check_ranks: Optional[bool] = None) -> "SpeculativeGenerator":
+        """A generator from a target and a draft, each a directory or an already loaded model.
 
-    def _check_prompts(self, ids: List[List[int]], max_new_tokens: int) -> None:
+        ``dtype`` / ``draft_dtype``: the target's and the draft's dtype (a torch.dtype or its
+        name; default: the target as transformers loads it, the draft as saved); ``device``: where
+        both run; ``tokenizer``: default, the target directory's; ``tree``: default TreeConfig().
+        """
+        from .loading import load_pair_for_generation
+        target_model, draft_model, tok = load_pair_for_generation(target, draft, tokenizer, dtype, draft_dtype, device)
+        return cls(target_model, draft_model, tree or TreeConfig(), tokenizer=tok, attention=attention,
+                   check_ranks=check_ranks, strict=strict)
+
+    # --- generation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, input_ids=None, attention_mask: Optional[torch.Tensor] = None, *, generation_config=None,
+                 **kwargs):
+        """Speculative decoding with Hugging Face's ``generate`` contract (decoder-only models).
+
+        Args:
+            input_ids: LongTensor [B, L] (or [L]) with ``attention_mask`` for left or right
+                padding; also a string, a list of strings, chat messages (a conversation or a list
+                of them, rendered with the tokenizer's chat template) or token-id lists.
+            attention_mask: [B, L] (1 = token); without it, padding is inferred like Hugging
+                Face does (pad_token_id set, not the EOS token, present in the input).
+            generation_config: a transformers GenerationConfig (default: the target's).
+            kwargs: generation config fields (``max_new_tokens``, ``min_new_tokens``,
+                ``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``eos_token_id``,
+                ``pad_token_id``, ``stop_strings``, ``return_dict_in_generate``, ...) and
+                ``tokenizer=``, ``streamer=`` (any batch size: a 1-D tensor per put at batch 1,
+                else a [B, n] tensor), ``logits_processor=`` (applied to the target's
+                distribution at every tree node, so greedy and sampling stay exact) and
+                ``seed=`` (a private generator; the global RNG is untouched).
+
+        Returns:
+            LongTensor [B, prompt + new], equal to the target's own greedy ``generate`` output;
+            with ``return_dict_in_generate=True`` a SpeculativeGenerateOutput.
+        """
+        settings = resolve(getattr(self.target, "generation_config", None), generation_config, dict(kwargs),
+                           self.tokenizer)
+        prompts = prepare(input_ids, attention_mask, settings.tokenizer, settings.pad_token_id,
+                          settings.eos_token_ids)
+        self._check_prompts(prompts.ids, settings)
+        device = self.target.get_input_embeddings().weight.device
+        rng = torch.Generator(device=device)
+        rng.manual_seed(tp.shared_seed(settings.seed))  # one seed on every tensor-parallel rank
+        streamer = settings.streamer
+        if streamer is not None:
+            streamer.put(prompts.echo.cpu())
+        started = time.perf_counter()
+        with self._session():
+            guard_s = self._guard_capture()
+            batch = Batch(self, prompts.ids, settings, rng)
+            batch.prefill()
+            while not batch.done:
+                batch.round()
+        if streamer is not None:
+            streamer.end()
+        new = [r.new for r in batch.requests]
+        if self.check_ranks:
+            tp.check_ranks_agree(new)
+        stats = batch.stats
+        stats.guard_time_s = guard_s
+        stats.total_time_s = time.perf_counter() - started
+        stats.new_tokens = sum(len(t) for t in new)
+        sequences = self._sequences(prompts.echo, new, settings.pad_token_id)
+        if not settings.return_dict_in_generate:
+            return sequences
+        tok = settings.tokenizer
+        text = None if tok is None else [tok.decode(t, skip_special_tokens=True) for t in new]
+        return SpeculativeGenerateOutput(sequences, new, [r.reason for r in batch.requests], stats, text)
+
+    @staticmethod
+    def _sequences(echo: torch.Tensor, new: List[List[int]], pad: int) -> torch.Tensor:
+        longest = max(len(t) for t in new)
+        tail = torch.full((len(new), longest), pad, dtype=torch.long)
+        for b, t in enumerate(new):
+            tail[b, :len(t)] = torch.tensor(t, dtype=torch.long)
+        return torch.cat([echo.cpu(), tail], dim=1).to(echo.device)
+
+    def _check_prompts(self, ids: List[List[int]], settings: GenerateSettings) -> None:
         vocab = self.target.config.vocab_size
         for b, p in enumerate(ids):
             if not p:
@@ -120,159 +193,34 @@ class SpeculativeGenerator:
             if len(p) >= self.max_positions:
                 raise ValueError(f"prompt {b} has {len(p)} tokens, longer than the target's context "
                                  f"({self.max_positions} positions)")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            if settings.new_tokens_for(len(p)) < 1:
+                raise ValueError(f"prompt {b} has {len(p)} tokens, which leaves no room under max_length="
+                                 f"{settings.max_length}; pass max_new_tokens")
 
-    # --- generation ------------------------------------------------------------------------
-    @torch.no_grad()
-    def generate(self, prompts: Union[str, Sequence, torch.Tensor], max_new_tokens: int = 64,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                 eos_token_id: Union[None, int, Sequence[int]] = None, stop: Optional[Sequence[str]] = None,
-                 streamer=None, seed: Optional[int] = None) -> GenerationOutput:
-        """Generates up to ``max_new_tokens`` per prompt.
-
-        ``prompts``: a string, a list of strings or token-id lists, or input_ids [B, L].
-        ``eos_token_id`` defaults to the target's generation config; ``stop`` strings end a
-        request after the token that completes one (needs a tokenizer). ``streamer`` gets
-        ``put`` / ``end`` calls like Hugging Face streamers (batch 1).
-        """
-        sampling = SamplingConfig(temperature, top_p, top_k)
-        self._ensure_tree_attention()
-        ids = self._prompt_ids(prompts)
-        self._check_prompts(ids, max_new_tokens)
-        if stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
-        if streamer is not None and len(ids) != 1:
-            raise ValueError("a streamer takes one request; got a batch of %d" % len(ids))
-        eos = self._eos_ids(eos_token_id)
-        device = self.target.get_input_embeddings().weight.device
-        gen = torch.Generator(device=device)
-        gen.manual_seed(tp.shared_seed(seed))  # one seed on every tensor-parallel rank
-
-        b = len(ids)
-        longest = max(len(p) for p in ids)
-        pad = self.target.config.pad_token_id or 0
-        input_ids = torch.full((b, longest), pad, dtype=torch.long, device=device)
-        attention_mask = torch.zeros(b, longest, dtype=torch.long, device=device)
-        for i, p in enumerate(ids):
-            input_ids[i, longest - len(p):] = torch.tensor(p, device=device)
-            attention_mask[i, longest - len(p):] = 1
-        if streamer is not None:
-            streamer.put(input_ids[0].cpu())
-
-        stats = GenerationStats(depth_accepted=[0] * self.tree.depth)
-        started = time.perf_counter()
-        stats.guard_time_s = self._guard_capture()
-        runner = TargetRunner(self.target, self.capture, self.use_tree_attention)
-        out = runner.prefill(input_ids, attention_mask)
-        stats.target_forwards += 1
-        self._check_capture_width(out.aux_hidden)
-        roots = self._select(out.logits[:, -1], sampling, gen)                      # [B]
-        emitted: List[List[int]] = [[int(t)] for t in roots.tolist()]
-        # Pairs (feature j, token j + 1) of the prompt, left-aligned per request; the last real
-        # pair is (last prompt feature, root).
-        lengths = attention_mask.sum(-1)
-        features = self.draft.project_aux(out.aux_hidden)
-        next_tokens = torch.cat([input_ids[:, 1:], roots[:, None]], dim=1)
-        start = longest - lengths
-        cols = (start[:, None] + torch.arange(longest, device=device)).clamp(max=longest - 1)
-        inputs = DraftInputs(
-            features=torch.gather(features, 1, cols[..., None].expand(b, longest, features.shape[-1])),
-            tokens=torch.gather(next_tokens, 1, cols), positions=torch.arange(longest, device=device).expand(b, longest),
-            counts=lengths)
-        capacity = longest + max_new_tokens + 2 * (self.tree.depth + 1) + self.tree.depth * self.tree.topk + 8
-        dcache = self.draft.new_cache(b, capacity, device=device)
-
-        finished = [False] * b
-        reasons = [""] * b
-        self._finish(emitted, finished, reasons, eos, stop, max_new_tokens)
-        if streamer is not None:
-            streamer.put(torch.tensor(emitted[0]))
-        active = list(range(b))  # request index of each batch row; finished requests leave the batch
-        while True:
-            keep = [row for row, i in enumerate(active) if not finished[i]]
-            if not keep:
-                break
-            if len(keep) < len(active):
-                rows_kept = torch.tensor(keep, device=device)
-                runner.select_rows(rows_kept)
-                dcache.select_rows(rows_kept)
-                inputs = DraftInputs(*(x.index_select(0, rows_kept) for x in
-                                       (inputs.features, inputs.tokens, inputs.positions, inputs.counts)))
-                roots = roots.index_select(0, rows_kept)
-                active = [active[row] for row in keep]
-            nb = len(active)
-            t0 = time.perf_counter()
-            root_logits, root_hidden = extend(self.draft, dcache, inputs)
-            steps = draft_steps(self.draft, dcache, root_logits, root_hidden, runner.seq_lens, self.tree)
-            dcache.rollback()
-            t1 = time.perf_counter()
-            tree = build_tree(roots, runner.seq_lens, steps, self.tree)
-            t2 = time.perf_counter()
-            vout = runner.verify(tree)
-            t3 = time.perf_counter()
-            if sampling.greedy:
-                result = verify_greedy(tree, vout.logits.argmax(-1))
-            else:
-                result = verify_sampling(tree, filtered_probs(vout.logits, sampling), generator=gen)
-            t4 = time.perf_counter()
-            n = tree.num_draft_tokens
-            rows = torch.arange(nb, device=device)[:, None]
-            accept_local = torch.where(result.accept_index >= 0, result.accept_index - rows * n, -1).long()
-            counts = result.accept_length.long() + 1
-            runner.commit(accept_local, counts)
-            stats.target_forwards += 1
-            stats.rounds += 1
-            stats.draft_time_s += t1 - t0
-            stats.tree_build_time_s += t2 - t1
-            stats.verify_time_s += t3 - t2
-            stats.accept_time_s += t4 - t3
-
-            m = int(counts.max())
-            picked = accept_local[:, :m].clamp(min=0)
-            node_features = [torch.gather(a, 1, picked[..., None].expand(nb, m, a.shape[-1])) for a in vout.aux_hidden]
-            tokens = torch.zeros(nb, m, dtype=torch.long, device=device)
-            for row, acc in enumerate(result.accepted_tokens):
-                i = active[row]
-                tokens[row, :len(acc)] = torch.tensor(acc, device=device)
-                before = len(emitted[i])
-                emitted[i].extend(acc)
-                stats.request_rounds += 1
-                stats.accepted_drafts += len(acc) - 1
-                for d in range(len(acc) - 1):
-                    stats.depth_accepted[d] += 1
-                self._finish(emitted, finished, reasons, eos, stop, max_new_tokens, only=i, checked=before)
-                if streamer is not None and len(emitted[i]) > before:
-                    streamer.put(torch.tensor(emitted[i][before:]))
-            positions = (runner.seq_lens - counts)[:, None] + torch.arange(m, device=device)
-            inputs = DraftInputs(self.draft.project_aux(node_features), tokens, positions, counts)
-            roots = tokens[torch.arange(nb, device=device), counts - 1]
-            stats.compact_time_s += time.perf_counter() - t4
-        if streamer is not None:
-            streamer.end()
-        if self.check_ranks:
-            tp.check_ranks_agree(emitted)
-        stats.total_time_s = time.perf_counter() - started
-        stats.new_tokens = sum(len(e) for e in emitted)
-        text = None
-        if self.tokenizer is not None:
-            text = [self.tokenizer.decode(e, skip_special_tokens=True) for e in emitted]
-        return GenerationOutput(sequences=emitted, stats=stats, text=text, finish_reasons=reasons)
+    @contextmanager
+    def _session(self):
+        """Eval mode and the chosen attention for the call; the caller's settings restored after."""
+        target, draft = self.target, self.draft
+        training = (target.training, draft.training)
+        attention = getattr(target.config, "_attn_implementation", None)
+        target.eval()
+        draft.eval()
+        if self.use_tree_attention:
+            from .. import hf_attention
+            if attention != hf_attention.ATTENTION_NAME:
+                target.set_attn_implementation(hf_attention.register())
+        try:
+            yield
+        finally:
+            if getattr(target.config, "_attn_implementation", None) != attention and attention is not None:
+                target.set_attn_implementation(attention)
+            target.train(training[0])
+            draft.train(training[1])
 
     @property
     def attention_path(self) -> str:
         """Which attention verifies: "tree" (eagle3.tree_attention) or "sdpa" (the model's own)."""
         return "tree" if self.use_tree_attention else "sdpa"
-
-    def _ensure_tree_attention(self) -> None:
-        # Anything may switch the target's attention back (a plain target.generate with SDPA,
-        # user code); under SDPA the tree keywords would be ignored and every tree token would
-        # see all earlier ones. So it is checked on every call, not only at construction.
-        if not self.use_tree_attention:
-            return
-        from .. import hf_attention
-        if getattr(self.target.config, "_attn_implementation", None) != hf_attention.ATTENTION_NAME:
-            self.target.set_attn_implementation(hf_attention.register())
 
     def _guard_capture(self) -> float:
         """The capture guard (see ``strict``); returns the seconds it took (0 after the first call)."""
@@ -298,39 +246,3 @@ class SpeculativeGenerator:
                     f"the captured hidden state of layer index {index} has width {state.shape[-1]} but the target's "
                     f"hidden size is {hidden}: a sharded capture (a tensor-parallel layer output taken before its "
                     "all-reduce) cannot feed the draft")
-
-    def _eos_ids(self, eos_token_id) -> List[int]:
-        if eos_token_id is None:
-            eos_token_id = getattr(getattr(self.target, "generation_config", None), "eos_token_id", None)
-        if eos_token_id is None:
-            return []
-        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
-
-    def _select(self, logits: torch.Tensor, sampling: SamplingConfig, gen: torch.Generator) -> torch.Tensor:
-        if sampling.greedy:
-            return logits.argmax(-1)
-        return torch.multinomial(filtered_probs(logits, sampling), 1, generator=gen)[:, 0]
-
-    def _finish(self, emitted, finished, reasons, eos, stop, max_new_tokens, only=None, checked=0) -> None:
-        """Truncates request outputs at EOS, a stop string or max_new_tokens and marks them done;
-        tokens before index ``checked`` were looked at in an earlier round."""
-        for i in range(len(emitted)) if only is None else [only]:
-            if finished[i]:
-                continue
-            seq = emitted[i]
-            for j in range(checked, len(seq)):
-                if seq[j] in eos:
-                    del seq[j + 1:]
-                    finished[i], reasons[i] = True, "eos"
-                    break
-            if not finished[i] and stop:
-                for j in range(max(1, checked + 1), len(seq) + 1):
-                    text = self.tokenizer.decode(seq[:j])
-                    if any(s in text for s in stop):
-                        del seq[j:]
-                        finished[i], reasons[i] = True, "stop"
-                        break
-            if len(seq) >= max_new_tokens:
-                del seq[max_new_tokens:]
-                if not finished[i]:
-                    finished[i], reasons[i] = True, "length"

@@ -3,17 +3,11 @@ Hugging Face decoding measured in the same run."""
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-import torch
-
-from ..dtypes import DTYPES, check_dtype_name
 from .config import TreeConfig
 
-logger = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
 
@@ -61,24 +55,9 @@ def resolve_models(target: Optional[str], draft: Optional[str]):
 def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional[str] = None):
     """Target in ``dtype``; the draft in ``draft_dtype`` (None: as saved). The draft's dtype
     changes only how well it guesses, never the output: the target's numbers decide."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .loading import load_pair_for_generation
 
-    from ..draft import Eagle3DraftModel
-
-    from ..distributed import tp
-
-    check_dtype_name("dtype", dtype)
-    check_dtype_name("draft_dtype", draft_dtype)
-    torch_dtype = DTYPES[dtype]
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    if tp.is_distributed():
-        target = tp.load_target(target_dir, torch_dtype).eval()
-    else:
-        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch_dtype).eval()
-    draft = Eagle3DraftModel.from_pretrained(draft_dir, target_config=target.config)
-    if draft_dtype is not None:
-        draft = draft.to(DTYPES[draft_dtype])
-    return target, draft, tokenizer
+    return load_pair_for_generation(target_dir, draft_dir, None, dtype, draft_dtype)
 
 
 def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
@@ -94,14 +73,15 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     if progress and tp.rank() == 0:
         from transformers import TextStreamer
         streamer = TextStreamer(tokenizer, skip_prompt=False)  # the prompt, then the completion
+    sample = dict(do_sample=req.temperature > 0, temperature=req.temperature or None, top_p=req.top_p,
+                  top_k=req.top_k, seed=req.seed)
     # A short warm-up so one-time costs (allocator, first kernel calls) hit neither side.
-    gen.generate(prompt, max_new_tokens=4, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                 seed=req.seed)
-    out = gen.generate(prompt, max_new_tokens=req.max_new_tokens, temperature=req.temperature, top_p=req.top_p,
-                       top_k=req.top_k, seed=req.seed, streamer=streamer)
+    gen.generate(prompt, max_new_tokens=4, **sample)
+    out = gen.generate(prompt, max_new_tokens=req.max_new_tokens, streamer=streamer, return_dict_in_generate=True,
+                       **sample)
     stats = out.stats
     report: Dict[str, Any] = {
-        "prompt": prompt, "text": out.text[0], "tokens": out.sequences[0], "new_tokens": stats.new_tokens,
+        "prompt": prompt, "text": out.text[0], "tokens": out.new_tokens[0], "new_tokens": stats.new_tokens,
         "target_forwards": stats.target_forwards, "acceptance_length": stats.acceptance_length,
         "depth_acceptance": stats.depth_acceptance, "tokens_per_s": stats.tokens_per_s,
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
@@ -117,27 +97,22 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
             "time_s": gen.capture_check.time_s},
     }
     if req.baseline:
-        report.update(baseline(target, tokenizer, prompt, req, out.sequences[0], stats.total_time_s))
+        report.update(baseline(target, tokenizer, prompt, req, out.new_tokens[0], stats.total_time_s))
     return report
 
 
 def baseline(target, tokenizer, prompt: str, req: GenerateRequest, tokens, spec_time_s: float) -> Dict[str, Any]:
     """Plain Hugging Face generate with the same settings, timed the same way."""
-    enc = tokenizer(prompt, return_tensors="pt")
-    kwargs: Dict[str, Any] = dict(max_new_tokens=len(tokens), pad_token_id=tokenizer.pad_token_id)
-    if req.temperature > 0:
-        kwargs.update(do_sample=True, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
-        torch.manual_seed(req.seed)
-    else:
-        kwargs.update(do_sample=False)
-    target.set_attn_implementation("sdpa")
-    target.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)  # warm-up
-    started = time.perf_counter()
-    with torch.no_grad():
-        ref = target.generate(**enc, **kwargs)
-    elapsed = time.perf_counter() - started
-    new = ref[0, enc["input_ids"].shape[1]:].tolist()
+    from .baseline import hf_generate
+
+    sampled = req.temperature > 0
+    extra: Dict[str, Any] = dict(do_sample=True, temperature=req.temperature, top_p=req.top_p,
+                                 top_k=req.top_k) if sampled else {}
+    hf_generate(target, tokenizer, [prompt], 4)  # warm-up
+    rows, elapsed = hf_generate(target, tokenizer, [prompt], len(tokens), stop_at_eos=False,
+                                seed=req.seed if sampled else None, **extra)
+    new = rows[0]
     result: Dict[str, Any] = {"baseline_tokens_per_s": len(new) / elapsed, "baseline_time_s": elapsed,
                               "speedup": elapsed / spec_time_s * len(tokens) / max(1, len(new))}
-    result["identical"] = (new[: len(tokens)] == tokens) if req.temperature == 0 else None
+    result["identical"] = (new[: len(tokens)] == tokens) if not sampled else None
     return result

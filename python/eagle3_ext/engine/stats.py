@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, List, Sequence
 
 
 @dataclass
@@ -44,6 +44,20 @@ class GenerationStats:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    @classmethod
+    def combine(cls, parts: Sequence["GenerationStats"]) -> "GenerationStats":
+        """The stats of several calls as one: counts and times summed (acceptance and tokens/s
+        then follow over all of them)."""
+        total = cls(depth_accepted=[0] * max((len(p.depth_accepted) for p in parts), default=0))
+        for p in parts:
+            for f in fields(cls):
+                if f.name == "depth_accepted":
+                    total.depth_accepted = [a + b for a, b in zip(total.depth_accepted, p.depth_accepted +
+                                            [0] * (len(total.depth_accepted) - len(p.depth_accepted)))]
+                else:
+                    setattr(total, f.name, getattr(total, f.name) + getattr(p, f.name))
+        return total
 
     def as_dict(self) -> Dict[str, Any]:
         d = asdict(self)

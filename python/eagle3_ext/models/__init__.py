@@ -27,5 +27,5 @@ def bundled_eval_prompts():
     """The held-out evaluation prompts shipped with the bundled pair, or a clear error if absent."""
     if not os.path.exists(EVAL_PROMPTS):
         raise FileNotFoundError(f"the bundled evaluation prompts are not installed ({EVAL_PROMPTS}); pass --prompts")
-    from ..engine.bench import load_prompts
+    from ..prompts import load_prompts
     return load_prompts(EVAL_PROMPTS)

@@ -25,7 +25,7 @@ import shutil
 import sys
 import sysconfig
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import torch
 

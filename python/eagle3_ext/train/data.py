@@ -6,14 +6,11 @@ max_len tokens."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

@@ -1,0 +1,199 @@
+"""The requests of one ``generate`` call and the steps that advance them: ``prefill``, then
+``round`` until every request is done, each ending in ``emit``.
+
+One round, per the module layout of this package: capture (hooks on the target) -> fc
+(``draft.project_aux``) -> draft tree (``drafting``) -> verify (``TargetRunner.verify``, the
+logits processors at every node, ``tree.verify_greedy`` / ``verify_sampling``) -> accept ->
+compact (``TargetRunner.commit`` and the draft cache's ``keep``). Finished requests leave the
+batch; the rest keep their rows, ``active[row]`` naming the request of each row.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+
+from ..tree import verify_greedy, verify_sampling
+from .config import filtered_probs
+from .drafting import DraftInputs, build_tree, draft_steps, extend
+from .processors import process_next, process_tree
+from .settings import GenerateSettings
+from .stats import GenerationStats
+from .stopping import StopRule
+from .target import TargetRunner
+
+
+@dataclass
+class Request:
+    prompt: List[int]
+    rule: StopRule
+    new: List[int] = field(default_factory=list)
+    reason: str = ""
+    checked: int = 0          # new tokens already looked at by the stop rule
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.reason)
+
+
+class Batch:
+    """Per-request state (``requests``) and per-row state of the requests still running
+    (``active``, ``roots``, ``inputs``, the two KV caches)."""
+
+    def __init__(self, generator, prompts: List[List[int]], settings: GenerateSettings, rng: torch.Generator):
+        self.gen = generator
+        self.settings = settings
+        self.rng = rng
+        self.device = generator.target.get_input_embeddings().weight.device
+        self.requests = [Request(p, StopRule(settings.new_tokens_for(len(p)), settings.eos_token_ids,
+                                             settings.stop_strings, settings.tokenizer)) for p in prompts]
+        self.active = list(range(len(prompts)))
+        self.stats = GenerationStats(depth_accepted=[0] * generator.tree.depth)
+        self.runner = TargetRunner(generator.target, generator.capture, generator.use_tree_attention)
+        self.roots: Optional[torch.Tensor] = None
+        self.inputs: Optional[DraftInputs] = None
+        self.dcache = None
+
+    @property
+    def done(self) -> bool:
+        return all(r.finished for r in self.requests)
+
+    # --- steps --------------------------------------------------------------------------------
+    def prefill(self) -> None:
+        """The target over the prompts (left-padded), the first new token of every request and
+        the draft's inputs for the prompt pairs."""
+        prompts = [r.prompt for r in self.requests]
+        b, longest = len(prompts), max(len(p) for p in prompts)
+        input_ids = torch.full((b, longest), self.settings.pad_token_id, dtype=torch.long, device=self.device)
+        attention_mask = torch.zeros(b, longest, dtype=torch.long, device=self.device)
+        for i, p in enumerate(prompts):
+            input_ids[i, longest - len(p):] = torch.tensor(p, device=self.device)
+            attention_mask[i, longest - len(p):] = 1
+        out = self.runner.prefill(input_ids, attention_mask)
+        self.stats.target_forwards += 1
+        self.gen._check_capture_width(out.aux_hidden)
+        scores = process_next(out.logits[:, -1], prompts, self.settings.logits_processor, self.settings.min_new_tokens,
+                              [0] * b, self.settings.eos_token_ids)
+        roots = self._select(scores)                                                       # [B]
+        # Pairs (feature j, token j + 1) of each prompt, left-aligned per request; the last real
+        # pair is (last prompt feature, root).
+        lengths = attention_mask.sum(-1)
+        features = self.gen.draft.project_aux(out.aux_hidden)
+        next_tokens = torch.cat([input_ids[:, 1:], roots[:, None]], dim=1)
+        cols = ((longest - lengths)[:, None] + torch.arange(longest, device=self.device)).clamp(max=longest - 1)
+        self.inputs = DraftInputs(
+            features=torch.gather(features, 1, cols[..., None].expand(b, longest, features.shape[-1])),
+            tokens=torch.gather(next_tokens, 1, cols),
+            positions=torch.arange(longest, device=self.device).expand(b, longest), counts=lengths)
+        tree = self.gen.tree
+        most_new = max(r.rule.limit for r in self.requests)
+        capacity = longest + most_new + 2 * (tree.depth + 1) + tree.depth * tree.topk + 8
+        self.dcache = self.gen.draft.new_cache(b, capacity, device=self.device)
+        self.roots = roots
+        for i, token in enumerate(roots.tolist()):
+            self.emit(i, [int(token)])
+
+    def round(self) -> None:
+        """One draft-verify-accept-compact round over the running requests."""
+        self._drop_finished()
+        gen, stats, nb = self.gen, self.stats, len(self.active)
+        t0 = time.perf_counter()
+        root_logits, root_hidden = extend(gen.draft, self.dcache, self.inputs)
+        steps = draft_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree)
+        self.dcache.rollback()
+        t1 = time.perf_counter()
+        tree = build_tree(self.roots, self.runner.seq_lens, steps, gen.tree)
+        t2 = time.perf_counter()
+        vout = self.runner.verify(tree)
+        t3 = time.perf_counter()
+        n = tree.num_draft_tokens
+        scores = self._tree_scores(vout.logits, tree, nb, n)
+        if self.settings.sampling.greedy:
+            result = verify_greedy(tree, scores.argmax(-1))
+        else:
+            result = verify_sampling(tree, filtered_probs(scores, self.settings.sampling), generator=self.rng)
+        t4 = time.perf_counter()
+        rows = torch.arange(nb, device=self.device)[:, None]
+        accept_local = torch.where(result.accept_index >= 0, result.accept_index - rows * n, -1).long()
+        counts = result.accept_length.long() + 1
+        self.runner.commit(accept_local, counts)
+        m = int(counts.max())
+        picked = accept_local[:, :m].clamp(min=0)
+        node_features = [torch.gather(a, 1, picked[..., None].expand(nb, m, a.shape[-1])) for a in vout.aux_hidden]
+        tokens = torch.zeros(nb, m, dtype=torch.long, device=self.device)
+        for row, accepted in enumerate(result.accepted_tokens):
+            tokens[row, :len(accepted)] = torch.tensor(accepted, device=self.device)
+            stats.request_rounds += 1
+            stats.accepted_drafts += len(accepted) - 1
+            for d in range(len(accepted) - 1):
+                stats.depth_accepted[d] += 1
+            self.emit(self.active[row], accepted)
+        positions = (self.runner.seq_lens - counts)[:, None] + torch.arange(m, device=self.device)
+        self.inputs = DraftInputs(gen.draft.project_aux(node_features), tokens, positions, counts)
+        self.roots = tokens[torch.arange(nb, device=self.device), counts - 1]
+        stats.target_forwards += 1
+        stats.rounds += 1
+        stats.draft_time_s += t1 - t0
+        stats.tree_build_time_s += t2 - t1
+        stats.verify_time_s += t3 - t2
+        stats.accept_time_s += t4 - t3
+        stats.compact_time_s += time.perf_counter() - t4
+
+    def emit(self, request: int, tokens: List[int]) -> None:
+        """Appends a request's newly accepted tokens, up to its first stop (EOS, stop string or
+        length, whichever comes first); streams what was kept."""
+        r = self.requests[request]
+        if r.finished:
+            return
+        before = len(r.new)
+        r.new.extend(tokens)
+        stop = r.rule.scan(r.new, r.checked)
+        r.checked = len(r.new)
+        if stop is not None:
+            keep, r.reason = stop
+            del r.new[keep:]
+        if self.settings.streamer is not None and len(r.new) > before:
+            self._stream(request, r.new[before:])
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _select(self, scores: torch.Tensor) -> torch.Tensor:
+        sampling = self.settings.sampling
+        if sampling.greedy:
+            return scores.argmax(-1)
+        return torch.multinomial(filtered_probs(scores, sampling), 1, generator=self.rng)[:, 0]
+
+    def _tree_scores(self, logits: torch.Tensor, tree, nb: int, n: int) -> torch.Tensor:
+        s = self.settings
+        if not s.logits_processor and not s.min_new_tokens:
+            return logits
+        requests = [self.requests[i] for i in self.active]
+        depths = tree.positions.view(nb, n) - self.runner.seq_lens[:, None]
+        return process_tree(logits, tree.draft_tokens, tree.tree_mask.view(nb, n, n), depths,
+                            [r.prompt + r.new for r in requests], s.logits_processor, s.min_new_tokens,
+                            [len(r.new) for r in requests], s.eos_token_ids)
+
+    def _drop_finished(self) -> None:
+        keep = [row for row, i in enumerate(self.active) if not self.requests[i].finished]
+        if len(keep) == len(self.active):
+            return
+        rows = torch.tensor(keep, device=self.device)
+        self.runner.select_rows(rows)
+        self.dcache.select_rows(rows)
+        self.inputs = DraftInputs(*(x.index_select(0, rows) for x in
+                                    (self.inputs.features, self.inputs.tokens, self.inputs.positions,
+                                     self.inputs.counts)))
+        self.roots = self.roots.index_select(0, rows)
+        self.active = [self.active[row] for row in keep]
+
+    def _stream(self, request: int, tokens: List[int]) -> None:
+        """Batch 1: the new tokens as a 1-D tensor (what Hugging Face's streamers take). Larger
+        batches: a [B, n] tensor, request ``request``'s row holding its tokens, the others padding."""
+        if len(self.requests) == 1:
+            self.settings.streamer.put(torch.tensor(tokens))
+            return
+        row = torch.full((len(self.requests), len(tokens)), self.settings.pad_token_id, dtype=torch.long)
+        row[request] = torch.tensor(tokens)
+        self.settings.streamer.put(row)

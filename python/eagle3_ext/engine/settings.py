@@ -1,0 +1,139 @@
+"""What one ``generate`` call does, resolved the way Hugging Face's ``generate`` resolves it: the
+target's generation config, then a ``generation_config`` argument, then keyword arguments,
+with transformers' defaults for whatever stays unset.
+
+Options speculative decoding cannot honour exactly (beam search, several sequences per
+prompt, scores in the output) and processors that Hugging Face would build from the config
+(repetition penalty, n-gram bans, ...) are errors that name the option; a processor can be
+passed as ``logits_processor`` instead, where it is applied to the target's distribution at
+every tree node, so greedy and sampling stay lossless.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .config import SamplingConfig
+
+# transformers' defaults for what a generation config leaves unset (GenerationConfig.
+# _get_default_generation_params in 5.24; tests/test_api.py checks they still agree).
+HF_DEFAULTS = {"max_length": 20, "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+# Config fields whose non-default value asks for something this generator does not do, with
+# the value that is fine.
+REFUSED = {
+    "num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "penalty_alpha": None, "dola_layers": None,
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "force_words_ids": None, "constraints": None,
+    "sequence_bias": None, "forced_bos_token_id": None, "forced_eos_token_id": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "exponential_decay_length_penalty": None, "renormalize_logits": False,
+    "remove_invalid_values": False, "typical_p": 1.0, "min_p": None, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "top_h": None, "guidance_scale": None, "watermarking_config": None, "token_healing": False,
+    "output_scores": False, "output_logits": False, "output_attentions": False, "output_hidden_states": False,
+    "prompt_lookup_num_tokens": None, "max_time": None, "min_length": 0, "diversity_penalty": 0.0,
+}
+# Extra keywords generate takes besides the generation config's fields.
+EXTRA_KEYWORDS = ("tokenizer", "streamer", "logits_processor", "seed")
+
+
+@dataclass
+class GenerateSettings:
+    """The resolved options of one call; lengths in tokens."""
+
+    max_new_tokens: Optional[int]            # None: from max_length once the prompt length is known
+    max_length: int
+    min_new_tokens: int
+    sampling: SamplingConfig
+    eos_token_ids: List[int]
+    pad_token_id: int
+    stop_strings: List[str] = field(default_factory=list)
+    logits_processor: Any = None             # a LogitsProcessorList (or list of processors) or None
+    streamer: Any = None
+    tokenizer: Any = None
+    return_dict_in_generate: bool = False
+    seed: Optional[int] = None
+
+    def new_tokens_for(self, prompt_length: int) -> int:
+        """How many tokens a request with a prompt of ``prompt_length`` may add (Hugging Face: an
+        explicit max_new_tokens wins over max_length)."""
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return self.max_length - prompt_length
+
+
+def _ids(value: Any, name: str) -> List[int]:
+    if value is None:
+        return []
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    raise TypeError(f"{name} must be an int or a list of ints, got {value!r}")
+
+
+def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], tokenizer: Any = None) -> GenerateSettings:
+    """GenerateSettings for a target whose generation config is ``target_config`` (a
+    transformers GenerationConfig or None), as Hugging Face's generate would resolve them."""
+    from transformers import GenerationConfig
+
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(f"generation_config must be a transformers GenerationConfig, got "
+                        f"{type(generation_config).__name__}")
+    config = copy.deepcopy(generation_config or target_config or GenerationConfig())
+    extras = {k: kwargs.pop(k) for k in list(kwargs) if k in EXTRA_KEYWORDS}
+    unused = config.update(**kwargs)
+    if unused:
+        raise TypeError(f"generate got unexpected keyword arguments {sorted(unused)}: they are neither generation "
+                        f"config fields nor one of {', '.join(EXTRA_KEYWORDS)}")
+    for name, fine in REFUSED.items():
+        value = getattr(config, name, None)
+        if value is not None and value != fine:
+            raise ValueError(
+                f"generate: {name}={value!r} is not supported by speculative decoding (it takes {fine!r}); a logits "
+                "processor can be passed as logits_processor=, which is applied to the target at every tree node")
+    get = lambda name: HF_DEFAULTS[name] if getattr(config, name, None) is None else getattr(config, name)  # noqa: E731
+    do_sample = bool(get("do_sample"))
+    temperature, top_p, top_k = float(get("temperature")), float(get("top_p")), int(get("top_k"))
+    if do_sample and temperature == 0:
+        raise ValueError("generate: do_sample=True needs temperature > 0 (temperature 0 is greedy: do_sample=False)")
+    sampling = SamplingConfig(temperature, top_p, top_k) if do_sample else SamplingConfig()
+    max_new = config.max_new_tokens
+    if max_new is not None and (not isinstance(max_new, int) or max_new < 1):
+        raise ValueError(f"generate: max_new_tokens must be a positive integer, got {max_new!r}")
+    max_length = int(get("max_length"))
+    min_new = config.min_new_tokens or 0
+    if not isinstance(min_new, int) or min_new < 0:
+        raise ValueError(f"generate: min_new_tokens must be a non-negative integer, got {min_new!r}")
+    eos = _ids(config.eos_token_id, "eos_token_id")
+    pad = config.pad_token_id
+    if pad is None:
+        pad = eos[0] if eos else 0
+    stop = config.stop_strings
+    if isinstance(stop, str):
+        stop = [stop]
+    stop = list(stop or [])
+    if not all(isinstance(s, str) and s for s in stop):
+        raise TypeError(f"generate: stop_strings must be non-empty strings, got {stop!r}")
+    tokenizer = extras.get("tokenizer") or tokenizer
+    if stop and tokenizer is None:
+        raise ValueError("generate: stop_strings need a tokenizer (tokenizer=..., or the generator's own)")
+    processors = extras.get("logits_processor")
+    if processors is not None:
+        from transformers import LogitsProcessorList
+        if callable(processors) and not isinstance(processors, list):
+            processors = [processors]
+        if not isinstance(processors, list) or not all(callable(p) for p in processors):
+            raise TypeError("generate: logits_processor must be a LogitsProcessorList or a list of processors")
+        processors = LogitsProcessorList(processors) if processors else None
+    seed = extras.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"generate: seed must be an int, got {seed!r}")
+    return GenerateSettings(
+        max_new_tokens=max_new, max_length=max_length, min_new_tokens=min_new, sampling=sampling, eos_token_ids=eos,
+        pad_token_id=int(pad), stop_strings=stop, logits_processor=processors,
+        streamer=extras.get("streamer"), tokenizer=tokenizer,
+        return_dict_in_generate=bool(config.return_dict_in_generate), seed=seed)
