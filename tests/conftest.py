@@ -1,3 +1,6 @@
+import re
+import signal
+
 import pytest
 import torch
 
@@ -29,3 +32,30 @@ TOLERANCES = {
     torch.float16: dict(atol=4e-3, rtol=4e-3),
     torch.bfloat16: dict(atol=3e-2, rtol=2e-2),
 }
+
+
+def op_error(pattern: str) -> type:
+    """The exception an eagle3 op raises for a message: TypeError for a wrong dtype, ValueError
+    for any other bad argument (a shape, size, value or device)."""
+    dtype_fault = r"dtype|must be (bool|int32|int64|float32|an integer tensor)"
+    return TypeError if re.search(dtype_fault, pattern) else ValueError
+
+
+@pytest.fixture(scope="session")
+def bad_paths(tmp_path_factory):
+    """Damaged files and directories and a mismatched pair (tests/bad_inputs.py), made once."""
+    import bad_inputs
+    return bad_inputs.make(str(tmp_path_factory.mktemp("bad")))
+
+
+@pytest.fixture
+def deadline():
+    """A bad value must fail fast; one taken as valid could start a long run: stop it at 120 s."""
+    def expire(signum, frame):
+        raise TimeoutError("still running after 120 s: a bad value was taken as valid")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

@@ -63,13 +63,13 @@ def test_bench_errors(pair, tmp_path, capsys):
     empty.write_text("")
     assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                      str(empty)]) == 2
-    assert "holds no prompt" in capsys.readouterr().err
+    assert f"prompts: {empty} is empty" in capsys.readouterr().err
     assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                      str(pair / "prompts.jsonl"), "--tree", "3x2"]) == 2
     assert "--tree takes DEPTH,TOPK,NODES" in capsys.readouterr().err
     assert cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                      str(pair / "prompts.jsonl"), "--num-prompts", "0"]) == 2
-    assert "num_prompts must be positive, got 0" in capsys.readouterr().err
+    assert "argument --num-prompts: expected a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_draft_runs_in_its_own_dtype(pair, capsys):

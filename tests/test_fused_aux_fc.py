@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import eagle3_ext
-from conftest import DEVICES, DTYPES, TOLERANCES
+from conftest import DEVICES, DTYPES, TOLERANCES, op_error
 from eagle3_ext import fused_aux_fc, reference
 
 
@@ -204,7 +204,7 @@ def test_torch_compile_fullgraph_backward(device):
 def test_error_extra_captured_layer_names_numbers_and_cause():
     aux, _, _ = make_inputs(4, 2, 56, 8, torch.float32, "cpu")
     weight = torch.randn(8, 3 * 56)
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(ValueError) as e:
         fused_aux_fc(aux, weight)
     msg = str(e.value)
     assert "eagle3.fused_aux_fc" in msg
@@ -216,13 +216,13 @@ def test_error_extra_captured_layer_names_numbers_and_cause():
 
 def test_error_missing_layer():
     aux, _, _ = make_inputs(2, 2, 56, 8, torch.float32, "cpu")
-    with pytest.raises(RuntimeError, match=r"weight expects 168 = 3 x 56.*missing"):
+    with pytest.raises(ValueError, match=r"weight expects 168 = 3 x 56.*missing"):
         fused_aux_fc(aux, torch.randn(8, 168))
 
 
 def test_error_width_not_a_multiple():
     aux, _, _ = make_inputs(3, 2, 56, 8, torch.float32, "cpu")
-    with pytest.raises(RuntimeError, match=r"weight expects 170, which is not a multiple of 56"):
+    with pytest.raises(ValueError, match=r"weight expects 170, which is not a multiple of 56"):
         fused_aux_fc(aux, torch.randn(8, 170))
 
 
@@ -251,14 +251,14 @@ def test_error_width_not_a_multiple():
 def test_bad_inputs_raise_clear_errors(mutate, pattern):
     aux, weight, b = make_inputs(3, 4, 16, 8, torch.float32, "cpu")
     args = mutate(aux, weight, b)
-    with pytest.raises(RuntimeError, match=pattern):
+    with pytest.raises(op_error(pattern), match=pattern):
         fused_aux_fc(*args)
 
 
 def test_no_silent_broadcast_of_one_row():
     aux, weight, _ = make_inputs(3, 4, 16, 8, torch.float32, "cpu")
     aux[1] = aux[1][:1]  # [1, H] would broadcast in a naive implementation
-    with pytest.raises(RuntimeError, match=r"aux_hidden\[1\] has shape \[1, 16\]"):
+    with pytest.raises(ValueError, match=r"aux_hidden\[1\] has shape \[1, 16\]"):
         fused_aux_fc(aux, weight)
 
 
@@ -266,9 +266,9 @@ def test_no_silent_broadcast_of_one_row():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_error_device_mismatch():
     aux, weight, _ = make_inputs(3, 4, 16, 8, torch.float32, "cpu")
-    with pytest.raises(RuntimeError, match=r"aux_hidden\[1\] is on cuda:0 but aux_hidden\[0\] is on cpu"):
+    with pytest.raises(ValueError, match=r"aux_hidden\[1\] is on cuda:0 but aux_hidden\[0\] is on cpu"):
         fused_aux_fc([aux[0], aux[1].cuda(), aux[2]], weight)
-    with pytest.raises(RuntimeError, match=r"weight is on cuda:0 but aux_hidden is on cpu"):
+    with pytest.raises(ValueError, match=r"weight is on cuda:0 but aux_hidden is on cpu"):
         fused_aux_fc(aux, weight.cuda())
 
 

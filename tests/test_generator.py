@@ -1,4 +1,6 @@
+import copy
 import functools
+import logging
 import os
 
 import pytest
@@ -130,10 +132,10 @@ def test_cli_generate_json_with_baseline(trained, capsys):
     assert report["new_tokens"] == len(report["tokens"]) <= 12
 
 
-def test_cli_generate_errors(capsys):
+def test_cli_generate_errors(capsys, tmp_path):
     from eagle3_ext.cli import main
 
-    assert main(["generate", "--target", "x"]) == 2
+    assert main(["generate", "--target", str(tmp_path)]) == 2
     assert "give both --target and --draft" in capsys.readouterr().err
 
 
@@ -170,12 +172,28 @@ def test_bad_inputs_fail_before_generation(trained, tmp_path):
         gen.generate([[1, 2], []])
     with pytest.raises(ValueError, match=r"prompt 0 has 600 tokens, longer than the target's context \(512"):
         gen.generate([[1] * 600])
-    with pytest.raises(ValueError, match="max_new_tokens. must be greater than 0"):
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer, got 0"):
         gen.generate("def", max_new_tokens=0)
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a number >= 0, got -1"):
         gen.generate("def", do_sample=True, temperature=-1)
-    with pytest.raises(ValueError, match="num_draft_tokens must be in"):
+    with pytest.raises(ValueError, match=r"num_draft_tokens must be an integer in \[2, 7\], got 40"):
         TreeConfig(depth=2, topk=2, num_draft_tokens=40)
+
+
+def test_draft_context_shorter_than_the_call_warns_and_stays_lossless(trained, caplog):
+    # The draft's max_position_embeddings may be smaller than the target's: the call runs past it
+    # with one warning, and the output is still the target's own greedy output.
+    arch, target, tok, draft = trained
+    short = copy.deepcopy(draft)
+    short.config.max_position_embeddings = 16
+    gen = SpeculativeGenerator(target, short, TREES[1], tokenizer=tok)
+    with caplog.at_level(logging.WARNING, logger="eagle3_ext"):
+        out = gen.generate(PROMPTS, max_new_tokens=40, eos_token_id=[], return_dict_in_generate=True)
+        gen.generate(PROMPTS[0], max_new_tokens=40, eos_token_id=[])
+    warnings = [r.getMessage() for r in caplog.records if "max_position_embeddings (16)" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per generator, not per call
+    assert "the output is unchanged" in warnings[0]
+    assert out.new_tokens == hf_greedy(target, tok, PROMPTS, 40)
 
 
 def test_mismatched_draft_is_rejected(trained, tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import DEVICES, DTYPES, TOLERANCES
+from conftest import DEVICES, DTYPES, TOLERANCES, op_error
 from eagle3_ext import reference, tree_attention, tree_attention_paged
 
 
@@ -434,7 +434,7 @@ def _no_diagonal(args):
 )
 def test_bad_inputs_raise_clear_errors(mutate, pattern):
     args = mutate(_args())
-    with pytest.raises(RuntimeError, match=pattern):
+    with pytest.raises(op_error(pattern), match=pattern):
         tree_attention(*args)
 
 
@@ -464,7 +464,7 @@ def _paged_args(page_size=4, blocks=None):
          "mask-without-diagonal"],
 )
 def test_paged_bad_inputs_raise_clear_errors(args, pattern):
-    with pytest.raises(RuntimeError, match=pattern):
+    with pytest.raises(op_error(pattern), match=pattern):
         tree_attention_paged(*args())
 
 
@@ -479,9 +479,9 @@ def _no_diagonal_paged():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_error_device_mismatch():
     q, k, v, lens, mask, scale = _args()
-    with pytest.raises(RuntimeError, match=r"k_cache is on cuda:0 but q is on cpu"):
+    with pytest.raises(ValueError, match=r"k_cache is on cuda:0 but q is on cpu"):
         tree_attention(q, k.cuda(), v, lens, mask, scale)
-    with pytest.raises(RuntimeError, match=r"tree_mask is on cuda:0 but q is on cpu"):
+    with pytest.raises(ValueError, match=r"tree_mask is on cuda:0 but q is on cpu"):
         tree_attention(q, k, v, lens, mask.cuda(), scale)
-    with pytest.raises(RuntimeError, match=r"cache_lens is on cpu but q is on cuda:0"):
+    with pytest.raises(ValueError, match=r"cache_lens is on cpu but q is on cuda:0"):
         tree_attention(q.cuda(), k.cuda(), v.cuda(), lens, mask.cuda(), scale)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICES
+from conftest import DEVICES, op_error
 from eagle3_ext import reference, tree
 from eagle3_ext.ops import (
     build_tree_kernel_efficient,
@@ -654,7 +654,7 @@ def invalid_parent():
          "bad-mode", "topk-0", "parent-not-selected", "slot-out-of-range", "negative-seq-len"],
 )
 def test_build_bad_inputs(changes, pattern):
-    with pytest.raises(RuntimeError, match=r"eagle3\.build_tree_kernel_efficient: " + pattern):
+    with pytest.raises(op_error(pattern), match=r"eagle3\.build_tree_kernel_efficient: " + pattern):
         build_tree_kernel_efficient(**build_args(**changes))
 
 
@@ -663,7 +663,7 @@ def test_build_mode2_too_many_nodes():
     parent_list, selected = tree_inputs(steps, 40)
     outs = build_outputs([3], 40, 1, "cpu")
     outs[0] = torch.zeros(40 * 8, dtype=torch.uint8)
-    with pytest.raises(RuntimeError, match=r"tree_mask_mode 2 packs a row into at most 32 bits, but draft_token_num is 40"):
+    with pytest.raises(ValueError, match=r"tree_mask_mode 2 packs a row into at most 32 bits, but draft_token_num is 40"):
         build_tree_kernel_efficient(parent_list, selected, torch.tensor([3]), *outs, 8, 6, 40, 2)
 
 
@@ -707,7 +707,7 @@ def with_value(t, pos, value):
          "sibling-cycle"],
 )
 def test_greedy_bad_inputs(changes, pattern):
-    with pytest.raises(RuntimeError, match=r"eagle3\.verify_tree_greedy: " + pattern):
+    with pytest.raises(op_error(pattern), match=r"eagle3\.verify_tree_greedy: " + pattern):
         verify_tree_greedy(**greedy_args(**changes))
 
 
@@ -745,7 +745,7 @@ def sampling_args(**changes):
          "index-int32", "accept-num-int64", "candidate-range"],
 )
 def test_sampling_bad_inputs(changes, pattern):
-    with pytest.raises(RuntimeError, match=r"eagle3\.tree_speculative_sampling_target_only: " + pattern):
+    with pytest.raises(op_error(pattern), match=r"eagle3\.tree_speculative_sampling_target_only: " + pattern):
         tree_speculative_sampling_target_only(**sampling_args(**changes))
 
 
@@ -754,12 +754,12 @@ def test_sampling_bad_inputs(changes, pattern):
 def test_device_mismatch_and_cuda_tree_errors():
     args = greedy_args()
     args["candidates"] = args["candidates"].cuda()
-    with pytest.raises(RuntimeError, match=r"predicts is on cpu but candidates is on cuda:0"):
+    with pytest.raises(ValueError, match=r"predicts is on cpu but candidates is on cuda:0"):
         verify_tree_greedy(**args)
     cuda_args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in build_args(
         selected_index=invalid_parent()).items()}
-    with pytest.raises(RuntimeError, match=r"invalid tree: request 0, node 7: its parent is draft candidate 21"):
+    with pytest.raises(ValueError, match=r"invalid tree: request 0, node 7: its parent is draft candidate 21"):
         build_tree_kernel_efficient(**cuda_args)
     cuda_args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in build_args(tree_mask_mode=0).items()}
-    with pytest.raises(RuntimeError, match=r"tree_mask \(tree_mask_mode 0\) must have 248 = sum"):
+    with pytest.raises(ValueError, match=r"tree_mask \(tree_mask_mode 0\) must have 248 = sum"):
         build_tree_kernel_efficient(**cuda_args)

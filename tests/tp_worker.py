@@ -16,9 +16,18 @@ PROMPTS = ["def print return", "class value key item index count", "for while if
 
 
 def main(out_dir: str, target_dir: str, draft_dir: str, mode: str) -> None:
+    init_from_env(timeout_s=8.0 if mode == "hang" else 120.0)
+    try:
+        run(out_dir, target_dir, draft_dir, mode)
+    except BaseException:
+        shutdown(wait_for_peers=False)
+        raise
+    shutdown()
+
+
+def run(out_dir: str, target_dir: str, draft_dir: str, mode: str) -> None:
     from transformers import AutoTokenizer
 
-    init_from_env(timeout_s=8.0 if mode == "hang" else 120.0)
     if mode == "hang" and rank() == 1:
         time.sleep(600)  # a rank that never reaches the first collective
     tok = AutoTokenizer.from_pretrained(target_dir)
@@ -34,7 +43,6 @@ def main(out_dir: str, target_dir: str, draft_dir: str, mode: str) -> None:
         json.dump({"spec": spec.new_tokens, "plain": plain, "sampled": sampled.new_tokens,
                    "acceptance_length": spec.stats.acceptance_length,
                    "weight_type": type(target.model.layers[0].self_attn.q_proj.weight).__name__}, f)
-    shutdown()
 
 
 if __name__ == "__main__":

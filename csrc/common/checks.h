@@ -5,8 +5,11 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-// EAGLE3_CHECK(op, cond, message parts...): "eagle3.<op>: <message>".
-#define EAGLE3_CHECK(op, cond, ...) TORCH_CHECK((cond), "eagle3.", op, ": ", __VA_ARGS__)
+// EAGLE3_CHECK(op, cond, message parts...): "eagle3.<op>: <message>", raised in Python as a
+// ValueError (a wrong shape, size or value); EAGLE3_CHECK_DTYPE raises a TypeError (a wrong
+// dtype). Faults of the machine (a failed launch, too little shared memory) stay RuntimeError.
+#define EAGLE3_CHECK(op, cond, ...) TORCH_CHECK_VALUE((cond), "eagle3.", op, ": ", __VA_ARGS__)
+#define EAGLE3_CHECK_DTYPE(op, cond, ...) TORCH_CHECK_TYPE((cond), "eagle3.", op, ": ", __VA_ARGS__)
 
 namespace eagle3 {
 
@@ -15,7 +18,7 @@ inline bool is_float_type(at::ScalarType t) {
 }
 
 inline void check_float_tensor(const char* op, const char* name, const at::Tensor& t) {
-  EAGLE3_CHECK(op, is_float_type(t.scalar_type()), name,
+  EAGLE3_CHECK_DTYPE(op, is_float_type(t.scalar_type()), name,
                " must be float32, float16 or bfloat16, got ", t.scalar_type());
 }
 
@@ -26,7 +29,7 @@ inline void check_dim(const char* op, const char* name, const at::Tensor& t, int
 
 inline void check_same_dtype(const char* op, const char* name, const at::Tensor& t,
                              const char* ref_name, const at::Tensor& ref) {
-  EAGLE3_CHECK(op, t.scalar_type() == ref.scalar_type(), name, " has dtype ", t.scalar_type(),
+  EAGLE3_CHECK_DTYPE(op, t.scalar_type() == ref.scalar_type(), name, " has dtype ", t.scalar_type(),
                " but ", ref_name, " has ", ref.scalar_type(), "; they must match");
 }
 

@@ -40,7 +40,7 @@ inline Problem check_and_flatten(at::TensorList aux_hidden, const at::Tensor& we
     EAGLE3_CHECK(kOp, t.sizes() == first.sizes(), "aux_hidden[", s, "] has shape ", t.sizes(),
                  " but aux_hidden[0] has ", first.sizes(),
                  "; all captured hidden states must have the same shape");
-    EAGLE3_CHECK(kOp, t.scalar_type() == first.scalar_type(), "aux_hidden[", s, "] has dtype ",
+    EAGLE3_CHECK_DTYPE(kOp, t.scalar_type() == first.scalar_type(), "aux_hidden[", s, "] has dtype ",
                  t.scalar_type(), " but aux_hidden[0] has ", first.scalar_type(),
                  "; they must match");
     EAGLE3_CHECK(kOp, t.device() == first.device(), "aux_hidden[", s, "] is on ", t.device(),

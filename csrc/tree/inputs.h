@@ -35,7 +35,7 @@ inline const char* dtype_hint(at::ScalarType t) {
 }
 
 inline void check_dtype(const char* op, const char* name, const at::Tensor& t, at::ScalarType want) {
-  EAGLE3_CHECK(op, t.scalar_type() == want, name, " must be ", dtype_hint(want), ", got ",
+  EAGLE3_CHECK_DTYPE(op, t.scalar_type() == want, name, " must be ", dtype_hint(want), ", got ",
                t.scalar_type());
 }
 
@@ -147,7 +147,7 @@ inline BuildProblem check_build(const at::Tensor& parent_list, const at::Tensor&
                  kMaxPackedNodes, " bits, but draft_token_num is ", n,
                  "; use tree_mask_mode 0 or 1");
     p.row_bytes = packed_row_bytes(n);
-    EAGLE3_CHECK(op, is_packable_int(tree_mask.scalar_type()),
+    EAGLE3_CHECK_DTYPE(op, is_packable_int(tree_mask.scalar_type()),
                  "tree_mask (tree_mask_mode 2) must be an integer tensor (uint8, int16 or "
                  "int32 rows), got ", tree_mask.scalar_type());
     const int64_t bytes = tree_mask.numel() * tree_mask.element_size();

@@ -108,7 +108,7 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
     const at::Tensor& t = *tree_start;
     EAGLE3_CHECK(op, t.dim() == 1 && t.size(0) == q.size(0), "tree_start must have shape [", q.size(0),
                  "] (one slot per request), got ", t.sizes());
-    EAGLE3_CHECK(op, t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+    EAGLE3_CHECK_DTYPE(op, t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
                  "tree_start must be int32 or int64, got ", t.scalar_type());
     check_same_device(op, "tree_start", t, "q", q);
     p.tree_start = t;
@@ -121,11 +121,11 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
   EAGLE3_CHECK(op, cache_lens.dim() == 1 && cache_lens.size(0) == p.batch,
                "cache_lens must have shape [", p.batch, "] (one prefix length per request), got ",
                cache_lens.sizes());
-  EAGLE3_CHECK(op, cache_lens.scalar_type() == at::kInt || cache_lens.scalar_type() == at::kLong,
+  EAGLE3_CHECK_DTYPE(op, cache_lens.scalar_type() == at::kInt || cache_lens.scalar_type() == at::kLong,
                "cache_lens must be int32 or int64, got ", cache_lens.scalar_type());
   check_same_device(op, "cache_lens", cache_lens, "q", q);
 
-  EAGLE3_CHECK(op, tree_mask.scalar_type() == at::kBool, "tree_mask must be bool, got ",
+  EAGLE3_CHECK_DTYPE(op, tree_mask.scalar_type() == at::kBool, "tree_mask must be bool, got ",
                tree_mask.scalar_type(), " (True = the tree token may see the other one)");
   EAGLE3_CHECK(op, tree_mask.dim() == 3 && tree_mask.size(0) == p.batch &&
                        tree_mask.size(1) == p.tree && tree_mask.size(2) == p.tree,
@@ -135,7 +135,7 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
 
   if (paged) {
     const at::Tensor& bt = *block_table;
-    EAGLE3_CHECK(op, bt.scalar_type() == at::kInt, "block_table must be int32, got ",
+    EAGLE3_CHECK_DTYPE(op, bt.scalar_type() == at::kInt, "block_table must be int32, got ",
                  bt.scalar_type());
     EAGLE3_CHECK(op, bt.dim() == 2 && bt.size(0) == p.batch,
                  "block_table must have shape [", p.batch, ", max_blocks], got ", bt.sizes());

@@ -8,33 +8,44 @@ import argparse
 import json
 import logging
 import sys
+import traceback
 from typing import List, Optional
 
+from . import cli_types as T
+from .doctor.run import MAX_STEPS as MAX_DOCTOR_STEPS
 from .dtypes import DTYPES
+from .engine.config import TreeConfig
+from .engine.settings import MAX_SEED
+from .train.trainer import MAX_TTT_STEPS
+from .validation import read_text_file
 
 
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft head for a Hugging Face target")
-    p.add_argument("--target", required=True, help="target model directory (AutoModelForCausalLM + tokenizer)")
-    p.add_argument("--data", required=True, nargs="+", help="text files or JSONL (text / chat messages)")
-    p.add_argument("--out", required=True, help="output directory for the draft, checkpoints and metrics")
-    p.add_argument("--aux-layers", type=int, nargs="+",
+    p.add_argument("--target", required=True, type=T.directory,
+                   help="target model directory (AutoModelForCausalLM + tokenizer)")
+    p.add_argument("--data", required=True, nargs="+", type=T.readable_file,
+                   help="text files or JSONL (text / chat messages / input_ids)")
+    p.add_argument("--out", required=True, type=T.output_directory,
+                   help="output directory for the draft, checkpoints and metrics")
+    p.add_argument("--aux-layers", type=T.integer(0), nargs="+",
                    help="target layers to read, as output_hidden_states indices (default [2, L//2, L-3])")
-    p.add_argument("--draft-vocab-size", type=int, help="draft vocabulary size (default min(target vocab, 32000))")
-    p.add_argument("--ttt-steps", type=int, default=7, help="unrolled training-time-test steps")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per batch (sequences x longest)")
-    p.add_argument("--max-len", type=int, default=512, help="tokens per sequence")
+    p.add_argument("--draft-vocab-size", type=T.integer(1),
+                   help="draft vocabulary size (default min(target vocab, 32000))")
+    p.add_argument("--ttt-steps", type=T.integer(1, MAX_TTT_STEPS), default=7, help="unrolled training-time-test steps")
+    p.add_argument("--epochs", type=T.integer(1), default=1)
+    p.add_argument("--lr", type=T.number(0, exclusive_minimum=True), default=1e-3)
+    p.add_argument("--batch-tokens", type=T.integer(1), default=4096, help="tokens per batch (sequences x longest)")
+    p.add_argument("--max-len", type=T.integer(4), default=512, help="tokens per sequence")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="dtype of the target's weights")
     p.add_argument("--amp", choices=["bfloat16", "float16"],
                    help="mixed precision: the draft's matmuls in this dtype (fp32 master weights and losses)")
-    p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations and checkpoints")
-    p.add_argument("--val-examples", type=int, default=64,
+    p.add_argument("--eval-every", type=T.integer(1), default=50, help="steps between evaluations and checkpoints")
+    p.add_argument("--val-examples", type=T.integer(1), default=64,
                    help="at most this many sequences (10%% of the data or fewer) are held out for evaluation")
-    p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=T.integer(1), help="stop after this many optimizer steps")
+    p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--no-specforge-export", action="store_true", help="skip the SpecForge/SGLang export")
     p.add_argument("--no-vllm-export", action="store_true", help="skip the vLLM (speculators) export")
@@ -72,28 +83,29 @@ def _run_train(args) -> int:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="speculative generation with a target and its EAGLE-3 draft")
-    p.add_argument("--target", help="target model directory (default: the bundled model)")
-    p.add_argument("--draft", help="draft directory (default: the bundled draft)")
+    p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
+    p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-file", help="file whose content is the prompt")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--depth", type=int, default=None, help="draft steps per round")
-    p.add_argument("--topk", type=int, default=None, help="children per frontier node")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="tree nodes verified per round")
+    src.add_argument("--prompt", type=T.text, help="prompt text")
+    src.add_argument("--prompt-file", type=T.readable_file, help="file whose content is the prompt")
+    p.add_argument("--max-new-tokens", type=T.integer(1), default=128)
+    p.add_argument("--temperature", type=T.number(0), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=T.number(0, 1, exclusive_minimum=True), default=1.0, help="1 = off")
+    p.add_argument("--top-k", type=T.integer(0), default=0, help="0 = off")
+    p.add_argument("--depth", type=T.integer(1, TreeConfig.MAX_DEPTH), help="draft steps per round (default 5)")
+    p.add_argument("--topk", type=T.integer(1, TreeConfig.MAX_TOPK), help="children per frontier node (default 4)")
+    p.add_argument("--num-draft-tokens", type=T.integer(2, TreeConfig.MAX_NODES),
+                   help="tree nodes verified per round, root included (default 16)")
     p.add_argument("--chain", action="store_true", help="draft a chain (topk 1) of --depth tokens")
     p.add_argument("--attention", choices=["tree", "sdpa"], default="tree")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
     p.add_argument("--baseline", action="store_true",
                    help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="the target's dtype (the numbers that decide the output)")
     p.add_argument("--draft-dtype", choices=list(DTYPES),
                    help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
-    p.add_argument("--tp-timeout", type=float, default=120.0,
+    p.add_argument("--tp-timeout", type=T.number(0, exclusive_minimum=True), default=120.0,
                    help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
     p.add_argument("--check-ranks", action="store_true",
                    help="under torchrun: verify that every rank produced the same tokens")
@@ -110,8 +122,7 @@ def _run_generate(args) -> int:
     if args.prompt is None and args.prompt_file is None:
         prompt = None
     elif args.prompt_file is not None:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            prompt = f.read()
+        prompt = read_text_file("--prompt-file", args.prompt_file)
     else:
         prompt = args.prompt
     request = GenerateRequest(target=args.target, draft=args.draft, prompt=prompt,
@@ -120,8 +131,12 @@ def _run_generate(args) -> int:
                               num_draft_tokens=args.num_draft_tokens, chain=args.chain, attention=args.attention,
                               seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture)
-    report = run_generate(request, progress=not args.json)
     this_rank = rank()
+    try:
+        report = run_generate(request, progress=not args.json)
+    except BaseException:
+        shutdown(wait_for_peers=False)  # a peer may never reach a barrier
+        raise
     shutdown()
     if this_rank != 0:  # only rank 0 reports
         return 0 if report.get("identical") is not False else 1
@@ -145,18 +160,20 @@ def _run_generate(args) -> int:
 def _add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="find why a draft's acceptance is low (aux layers, conventions, d2t)",
                        description="Exit code: 0 HEALTHY, 1 FAULT, 3 INCONCLUSIVE, 2 bad input.")
-    p.add_argument("--target", help="target model directory (default: the bundled model)")
-    p.add_argument("--draft", help="draft directory (default: the bundled draft)")
-    p.add_argument("--data", nargs="+", help="sample text or JSONL files (default: a bundled code sample)")
-    p.add_argument("--steps", type=int, default=3, help="draft positions measured (acc_0 .. acc_{steps-1})")
-    p.add_argument("--max-examples", type=int, default=32,
+    p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
+    p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
+    p.add_argument("--data", nargs="+", type=T.readable_file,
+                   help="sample text or JSONL files (default: a bundled code sample)")
+    p.add_argument("--steps", type=T.integer(1, MAX_DOCTOR_STEPS), default=3,
+                   help="draft positions measured (acc_0 .. acc_{steps-1})")
+    p.add_argument("--max-examples", type=T.integer(1), default=32,
                    help="sequences measured (self-generated continuations, or windows of the text)")
-    p.add_argument("--max-len", type=int, default=128, help="tokens per measured sequence")
-    p.add_argument("--prompt-tokens", type=int, default=24,
+    p.add_argument("--max-len", type=T.integer(8), default=128, help="tokens per measured sequence")
+    p.add_argument("--prompt-tokens", type=T.integer(2), default=24,
                    help="prompt tokens cut from the text per self-generated sequence (the rest is scored)")
     p.add_argument("--no-self-generate", action="store_true",
                    help="score the --data text itself instead of the target's own continuations of it")
-    p.add_argument("--acceptance-prompts", type=int, default=4,
+    p.add_argument("--acceptance-prompts", type=T.integer(0), default=4,
                    help="prompts for the acceptance length measured by speculative generation (0 skips it)")
     p.add_argument("--write-fingerprint", action="store_true",
                    help="after a HEALTHY verdict, store an activation fingerprint with the draft")
@@ -194,17 +211,19 @@ def _run_doctor(args) -> int:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="speed against plain HF generate and HF prompt lookup decoding")
-    p.add_argument("--target", help="target model directory (default: the bundled model)")
-    p.add_argument("--draft", help="draft directory (default: the bundled draft)")
-    p.add_argument("--prompts", help="JSONL ({\"prompt\": ...}) or text file (blank-line separated prompts); "
-                                     "default: the bundled evaluation set")
-    p.add_argument("--num-prompts", type=int, help="use only the first N prompts (e.g. to keep a sweep short)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
+    p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
+    p.add_argument("--prompts", type=T.readable_file,
+                   help="JSONL ({\"prompt\": ...}) or text file (blank-line separated prompts); "
+                        "default: the bundled evaluation set")
+    p.add_argument("--num-prompts", type=T.integer(1), help="use only the first N prompts (e.g. to keep a sweep short)")
+    p.add_argument("--max-new-tokens", type=T.integer(1), default=128)
+    p.add_argument("--batch-sizes", type=T.integer(1), nargs="+", default=[1, 4])
     p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES",
                    help="tree configurations to run (default: chain5, 5,4,16 and 6,8,32)")
     p.add_argument("--sweep", action="store_true", help="try a grid of depth / topk / num_draft_tokens at batch 1")
-    p.add_argument("--out", default="bench-results/e2e", help="directory for bench.json, bench.md, bench.png")
+    p.add_argument("--out", type=T.output_directory, default="bench-results/e2e",
+                   help="directory for bench.json, bench.md, bench.png")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES),
                    help="the target's dtype (the numbers that decide the output)")
     p.add_argument("--draft-dtype", choices=list(DTYPES),
@@ -262,14 +281,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for add, _ in COMMANDS.values():
         add(sub)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse's usage error (2) or --help (0): returned, as every other outcome
+        return int(e.code or 0)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return COMMANDS[args.command][1](args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError) as e:  # bad input: one line (the traceback with -v)
+        if args.verbose:
+            traceback.print_exc()
         print(f"eagle3 {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        # What was done is kept: streamed text, a training checkpoint, finished bench rows.
+        detail = f": {e}" if str(e) else ""
+        print(f"\neagle3 {args.command}: interrupted{detail}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

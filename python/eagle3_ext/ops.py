@@ -6,9 +6,47 @@ give torch.compile and FakeTensor tracing each op's output shape without running
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
+
+from . import _C  # noqa: F401  (registers the schemas read below)
+
+_OPS = ("fused_aux_fc", "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
+        "tree_attention", "tree_attention_paged")
+# (argument name, schema type) per op, read once so that the checks below stay plain Python
+# (torch.compile traces them without a graph break).
+_SIGNATURES: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    name: tuple((a.name, str(a.type)) for a in getattr(torch.ops.eagle3, name).default._schema.arguments)
+    for name in _OPS}
+_PYTHON_TYPES = {"Tensor": "a torch.Tensor", "List[Tensor]": "a list of torch.Tensor", "int": "an int",
+                 "float": "a float", "bool": "a bool"}
+
+
+def _is(kind: str, value: Any) -> bool:
+    if kind == "Tensor":
+        return isinstance(value, torch.Tensor)
+    if kind == "List[Tensor]":
+        return isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    return True
+
+
+def _call(name: str, *args: Any):
+    """torch.ops.eagle3.<name>(*args) after a TypeError naming the argument for a value of the
+    wrong Python type (the dispatcher's own error is a RuntimeError quoting the whole schema)."""
+    for (arg, kind), value in zip(_SIGNATURES[name], args):
+        optional = kind.startswith("Optional[")
+        kind = kind[len("Optional["):-1] if optional else kind
+        if not (value is None and optional) and not _is(kind, value):
+            expected = _PYTHON_TYPES.get(kind, kind) + (" or None" if optional else "")
+            raise TypeError(f"eagle3.{name}: {arg} must be {expected}, got {type(value).__name__}")
+    return getattr(torch.ops.eagle3, name)(*args)
 
 
 def fused_aux_fc(
@@ -30,17 +68,18 @@ def fused_aux_fc(
         ``[..., H_out]`` in the input dtype.
 
     Raises:
-        RuntimeError: naming the argument and the numbers when the shapes disagree, most
+        ValueError: naming the argument and the numbers when the shapes disagree, most
         importantly when ``k * H != weight.size(1)``: the captured layers are not the ones
-        the draft was trained on.
+        the draft was trained on. TypeError: for a wrong dtype or a non-tensor argument.
     """
-    return torch.ops.eagle3.fused_aux_fc(list(aux_hidden), weight, bias)
+    aux = list(aux_hidden) if isinstance(aux_hidden, (list, tuple)) else aux_hidden
+    return _call("fused_aux_fc", aux, weight, bias)
 
 
 @torch.library.register_fake("eagle3::fused_aux_fc")
 def _fused_aux_fc_fake(aux_hidden, weight, bias):
     first = aux_hidden[0]
-    torch._check(
+    torch._check_value(
         weight.dim() == 2 and weight.size(1) == len(aux_hidden) * first.size(-1),
         lambda: (
             f"eagle3.fused_aux_fc: got {len(aux_hidden)} aux hidden states of width "
@@ -90,10 +129,12 @@ def build_tree_kernel_efficient(
             ``b * N + i``, first child, next sibling (ascending node order, -1 for none).
 
     Raises:
-        RuntimeError: for wrong dtypes, shapes or sizes, and for an invalid tree (a node whose
-        parent is not among the selected nodes), naming the request and the node.
+        ValueError: for wrong shapes or sizes, and for an invalid tree (a node whose parent is
+        not among the selected nodes), naming the request and the node. TypeError: for a
+        wrong dtype or a non-tensor argument.
     """
-    torch.ops.eagle3.build_tree_kernel_efficient(
+    _call(
+        "build_tree_kernel_efficient",
         parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
         retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
     )
@@ -120,7 +161,8 @@ def verify_tree_greedy(
         candidates, retrive_index, retrive_next_token, retrive_next_sibling: int64 ``[bs, N]``.
         target_predict: int64 ``[bs, N]``, the target's argmax at every node.
     """
-    torch.ops.eagle3.verify_tree_greedy(
+    _call(
+        "verify_tree_greedy",
         predicts, accept_index, accept_token_num, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, target_predict,
     )
@@ -161,7 +203,8 @@ def tree_speculative_sampling_target_only(
         threshold_single, threshold_acc: in [0, 1]; 1.0 for exact (lossless) sampling.
         deterministic: a reproducible reduction order on CUDA (CPU is always deterministic).
     """
-    torch.ops.eagle3.tree_speculative_sampling_target_only(
+    _call(
+        "tree_speculative_sampling_target_only",
         predicts, accept_index, accept_token_num, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, uniform_samples,
         uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single,
@@ -177,7 +220,7 @@ def _build_tree_kernel_efficient_fake(
     parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
     retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
 ):
-    torch._check(
+    torch._check_value(
         tree_mask_mode in (0, 1, 2),
         lambda: f"eagle3.build_tree_kernel_efficient: tree_mask_mode must be 0, 1 or 2, got {tree_mask_mode}",
     )
@@ -198,7 +241,7 @@ def _tree_speculative_sampling_target_only_fake(
     retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
     draft_probs, threshold_single, threshold_acc, deterministic,
 ):
-    torch._check(
+    torch._check_value(
         0.0 <= threshold_single <= 1.0 and 0.0 <= threshold_acc <= 1.0,
         lambda: "eagle3.tree_speculative_sampling_target_only: thresholds must be in [0, 1]",
     )
@@ -248,12 +291,12 @@ def tree_attention(
         ``[B, N, Hq, Dv]`` in q's dtype.
 
     Raises:
-        RuntimeError: naming the argument and the numbers for wrong shapes, dtypes, devices,
-        a mask row without its diagonal, ``cache_lens[b] + N > S_max``, a negative window or
-        soft-cap.
+        ValueError: naming the argument and the numbers for wrong shapes, devices, a mask row
+        without its diagonal, ``cache_lens[b] + N > S_max``, a negative window or soft-cap.
+        TypeError: for a wrong dtype or an argument of the wrong Python type.
     """
-    return torch.ops.eagle3.tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, scale, window, softcap, sinks,
-                                           tree_start)
+    return _call("tree_attention", q, k_cache, v_cache, cache_lens, tree_mask, scale, window, softcap, sinks,
+                 tree_start)
 
 
 def tree_attention_paged(
@@ -283,18 +326,19 @@ def tree_attention_paged(
     Returns:
         ``[B, N, Hq, Dv]`` in q's dtype.
     """
-    return torch.ops.eagle3.tree_attention_paged(q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale,
-                                                 window, softcap, sinks, tree_start)
+    return _call("tree_attention_paged", q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale,
+                 window, softcap, sinks, tree_start)
 
 
 def _tree_attention_fake_checks(op, q, k, v, tree_mask):
-    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, lambda: f"eagle3.{op}: q and the cache must be 4-D")
-    torch._check(
+    torch._check_value(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+                       lambda: f"eagle3.{op}: q and the cache must be 4-D")
+    torch._check_value(
         k.size(2) > 0 and q.size(2) % k.size(2) == 0,
         lambda: f"eagle3.{op}: q has {q.size(2)} heads, not a multiple of {k.size(2)} kv heads",
     )
-    torch._check(k.size(3) == q.size(3), lambda: f"eagle3.{op}: k has head_dim {k.size(3)} but q has {q.size(3)}")
-    torch._check(
+    torch._check_value(k.size(3) == q.size(3), lambda: f"eagle3.{op}: k has head_dim {k.size(3)} but q has {q.size(3)}")
+    torch._check_value(
         tuple(tree_mask.shape) == (q.size(0), q.size(1), q.size(1)),
         lambda: f"eagle3.{op}: tree_mask must have shape [B, N, N], got {tuple(tree_mask.shape)}",
     )

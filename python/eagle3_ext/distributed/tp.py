@@ -14,6 +14,7 @@ rank that dies or hangs turns into an error on the others instead of a hang.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -54,18 +55,34 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        atexit.register(_shutdown_at_exit)
         logger.info("rank %d of %d joined (%s, timeout %.0f s)", dist.get_rank(), dist.get_world_size(), backend,
                     timeout_s)
     return True
 
 
-def shutdown() -> None:
-    """Leaves the process group joined by init_from_env once every rank has got here (a no-op
-    outside torchrun). A process that exits with the group still alive can abort while its
-    communication threads are torn down."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+def shutdown(wait_for_peers: bool = True) -> None:
+    """Leaves the process group joined by init_from_env (a no-op outside torchrun).
+
+    A process that exits with the group still alive can abort ("terminate called without an
+    active exception") while its communication threads are torn down, so the group is destroyed
+    explicitly: after a barrier on the normal path, so no rank leaves while another still talks
+    to it; without one after an error (``wait_for_peers=False``), where a peer may never reach
+    the barrier. init_from_env also registers this, without the barrier, to run at exit."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if wait_for_peers:
+            dist.barrier()
+    finally:
         dist.destroy_process_group()
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown(wait_for_peers=False)
+    except Exception as e:  # exiting anyway: the reason is logged, not raised a second time
+        logger.warning("leaving the process group at exit failed: %s", e)
 
 
 def load_target(path: str, dtype: torch.dtype):

@@ -30,9 +30,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .. import validation
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import config_fix, describe_fix, resolve_aux_layer_ids, target_dims
 from ..draft.checkpoint import FINGERPRINT_NAME, config_from_dict, read_checkpoint
+from ..engine.loading import check_draft_dir, check_target_dir, load_target, load_tokenizer
 from .candidates import Setup, candidate_layer_sets, flag_setups, variant
 from .data import SAMPLE_TEXT, EvalData, from_text, self_generated
 from .evidence import paired_difference
@@ -54,6 +56,10 @@ def _rope_kind(scaling) -> tuple:
     return (kind,) + tuple(float(scaling[k]) if k in scaling else None for k in keys)
 
 
+# acc_0 .. acc_{steps-1}: each position is one more draft forward per measured sequence.
+MAX_STEPS = 16
+
+
 class Doctor:
     """See the module docstring. ``data``: text / JSONL files (default: the bundled code sample);
     ``self_generate``: score the target's own continuations of prompts cut from it (default)
@@ -64,22 +70,31 @@ class Doctor:
                  max_len: int = 128, max_examples: int = 32, dtype: torch.dtype = torch.float32,
                  self_generate: bool = True, prompt_tokens: int = 24, acceptance_prompts: int = 4,
                  acceptance_tokens: int = 64):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        for name, value, low in (("steps", steps, 1), ("max_len", max_len, 8), ("max_examples", max_examples, 1),
+        validation.integer("doctor: steps", steps, 1, MAX_STEPS)
+        for name, value, low in (("max_len", max_len, 8), ("max_examples", max_examples, 1),
                                  ("prompt_tokens", prompt_tokens, 2), ("acceptance_prompts", acceptance_prompts, 0),
                                  ("acceptance_tokens", acceptance_tokens, 1)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"doctor: {name} must be an integer >= {low}, got {value!r}")
+            validation.integer(f"doctor: {name}", value, low)
         if self_generate and prompt_tokens >= max_len:
             raise ValueError(f"doctor: prompt_tokens ({prompt_tokens}) must be below max_len ({max_len})")
+        if data is not None:
+            if isinstance(data, (str, os.PathLike)) or not isinstance(data, (list, tuple)) or not data:
+                raise TypeError(f"doctor: data must be None (the bundled sample) or a non-empty list of file paths, "
+                                f"got {data!r}")
+            for i, item in enumerate(data):
+                validation.existing_file(f"doctor: data[{i}]", item)
+        check_target_dir(target_dir)
+        check_draft_dir(draft_dir)
         self.target_dir, self.draft_dir = target_dir, draft_dir
-        self.data_paths = list(data) if data else [SAMPLE_TEXT]
+        self.data_paths = [SAMPLE_TEXT] if data is None else list(data)
         self.steps, self.max_len, self.max_examples = steps, max_len, max_examples
         self.self_generate, self.prompt_tokens = self_generate, prompt_tokens
         self.acceptance_prompts, self.acceptance_tokens = acceptance_prompts, acceptance_tokens
-        self.tokenizer = AutoTokenizer.from_pretrained(target_dir)
-        self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).eval()
+        self.target = load_target(target_dir, dtype).eval()
+        self.tokenizer = load_tokenizer(target_dir)
+        context = getattr(self.target.config, "max_position_embeddings", None)
+        if isinstance(context, int) and max_len > context:
+            raise ValueError(f"doctor: max_len {max_len} is longer than the target's context ({context} positions)")
         self.draft_raw, self.draft_format, _ = read_checkpoint(draft_dir)
         self.report = DoctorReport(target=target_dir, draft=draft_dir)
         self.draft: Optional[Eagle3DraftModel] = None

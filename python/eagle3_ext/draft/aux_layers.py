@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from ..validation import integer
+
 
 CONVENTION = "hf_hidden_states_index"
 CONVENTION_DOC = "index into output_hidden_states: 0 = embedding output, i = output of decoder layer i-1"
@@ -62,7 +64,14 @@ def resolve_aux_layer_ids(config: Mapping[str, Any],
         config: the checkpoint's config.json as a dict.
         num_target_layers: the target's decoder layer count; needed only when the checkpoint
             stores no ids (EAGLE's default depends on it).
+
+    The ids are not checked against the target here (``check_aux_layers`` does that): the
+    doctor resolves a faulty checkpoint's ids in order to name the fault.
     """
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a checkpoint's config.json as a dict, got {type(config).__name__}")
+    if num_target_layers is not None:
+        integer("num_target_layers", num_target_layers, 1)
     ours = config.get("eagle3_ext")
     if isinstance(ours, Mapping) and "aux_layer_ids" in ours:
         convention = ours.get("aux_layer_convention", CONVENTION)

@@ -139,11 +139,16 @@ def read_config(path: str, role: str = "draft") -> Dict[str, Any]:
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise FileNotFoundError(f"{path} has no config.json: not a {role} model directory")
-    with open(config_path) as f:
-        try:
-            return json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{config_path} is not UTF-8 text (a binary file?); expected a JSON object") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(config).__name__}, expected an object of model settings")
+    return config
 
 
 def read_checkpoint(path: str) -> Tuple[Dict[str, Any], str, Dict[str, torch.Tensor]]:

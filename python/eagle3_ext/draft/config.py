@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional
 
+from ..validation import integer
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -64,6 +66,8 @@ class Eagle3DraftConfig:
     fingerprint: Optional[Dict[str, Any]] = None
 
     def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_attention_heads"):  # the defaults below derive from them
+            integer(f"Eagle3DraftConfig.{name}", getattr(self, name), 1)
         if self.head_dim is None:
             self.head_dim = self.hidden_size // max(1, self.num_attention_heads)
         if self.target_hidden_size is None:
@@ -74,15 +78,10 @@ class Eagle3DraftConfig:
         self.validate()
 
     def validate(self) -> None:
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Eagle3DraftConfig.{name} must be a positive integer, got {value!r}")
-
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                      "vocab_size", "draft_vocab_size", "head_dim", "num_hidden_layers",
                      "target_hidden_size", "num_aux_layers", "max_position_embeddings"):
-            positive(name)
+            integer(f"Eagle3DraftConfig.{name}", getattr(self, name), 1)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"Eagle3DraftConfig: num_attention_heads={self.num_attention_heads} is not a multiple "

@@ -19,6 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from .. import validation
+from ..dtypes import check_dtype_name
 from .baseline import hf_generate
 from .config import TreeConfig
 from .stats import GenerationStats
@@ -45,64 +47,105 @@ class BenchConfig:
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
 
+    def validate(self) -> List[str]:
+        """Raises TypeError / ValueError naming the first bad field; returns the prompts to run."""
+        if self.prompts is not None:
+            if not isinstance(self.prompts, (list, tuple)) or not self.prompts:
+                raise TypeError(f"prompts must be None (the bundled set) or a non-empty list of strings, got "
+                                f"{self.prompts!r}")
+            for i, prompt in enumerate(self.prompts):
+                validation.text(f"prompts[{i}]", prompt)
+        prompts = list(self.prompts) if self.prompts is not None else _bundled_prompts()
+        if self.num_prompts is not None:
+            validation.integer("num_prompts", self.num_prompts, 1, len(prompts))
+            prompts = prompts[:self.num_prompts]
+        validation.integer("max_new_tokens", self.max_new_tokens, 1)
+        validation.integer("prompt_lookup_tokens", self.prompt_lookup_tokens, 1)
+        if isinstance(self.batch_sizes, (int, str)) or not self.batch_sizes:
+            raise TypeError(f"batch_sizes must be a non-empty list of integers, got {self.batch_sizes!r}")
+        for i, bs in enumerate(self.batch_sizes):
+            # A batch larger than the prompts would silently run smaller batches.
+            validation.integer(f"batch_sizes[{i}]", bs, 1, len(prompts))
+        if not isinstance(self.configs, dict) or not self.configs:
+            raise TypeError(f"configs must be a non-empty dict of name -> TreeConfig, got {self.configs!r}")
+        for name, tree in self.configs.items():
+            if not isinstance(tree, TreeConfig):
+                raise TypeError(f"configs[{name!r}] must be a TreeConfig, got {type(tree).__name__}")
+        validation.output_dir("out", self.out)
+        check_dtype_name("dtype", self.dtype)
+        check_dtype_name("draft_dtype", self.draft_dtype)
+        return prompts
+
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     from .generator import SpeculativeGenerator
     from .run import load_pair, resolve_models
 
-    if any(b < 1 for b in cfg.batch_sizes):
-        raise ValueError(f"batch sizes must be positive, got {list(cfg.batch_sizes)}")
-    if cfg.num_prompts is not None and cfg.num_prompts < 1:
-        raise ValueError(f"num_prompts must be positive, got {cfg.num_prompts}")
+    prompts = cfg.validate()
     target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
     target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype, cfg.draft_dtype)
-    prompts = (cfg.prompts or _bundled_prompts())[:cfg.num_prompts]
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
+    for gen in gens.values():  # every call of the run, checked before the first one runs
+        for bs in cfg.batch_sizes:
+            for start in range(0, len(prompts), bs):
+                gen.check_inputs(prompts[start:start + bs], max_new_tokens=cfg.max_new_tokens)
     report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
                               "dtype": str(target.dtype).removeprefix("torch."),
                               "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
                               "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}
     hf_generate(target, tok, prompts[:1], 4)  # warm-up
-    for bs in cfg.batch_sizes:
-        groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
-        rows: Dict[str, Dict[str, Any]] = {}
-        base_tokens, base_time, base_outputs = 0, 0.0, []
-        for group in groups:
-            out, t = hf_generate(target, tok, group, cfg.max_new_tokens)
-            base_outputs += out
-            base_tokens += sum(len(o) for o in out)
-            base_time += t
-        rows["hf_generate"] = {"method": "hf_generate", "tokens_per_s": base_tokens / base_time, "speedup": 1.0,
-                               "acceptance_length": 1.0, "identical": True}
-        if bs == 1:
-            lookup_tokens, lookup_time, same = 0, 0.0, True
-            for group, ref in zip(groups, base_outputs):
-                out, t = hf_generate(target, tok, group, cfg.max_new_tokens,
-                                      prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
-                lookup_tokens += len(out[0])
-                lookup_time += t
-                same &= out[0] == ref
-            rows["hf_prompt_lookup"] = {"method": "hf_prompt_lookup", "tokens_per_s": lookup_tokens / lookup_time,
-                                        "speedup": (lookup_tokens / lookup_time) / (base_tokens / base_time),
-                                        "acceptance_length": None, "identical": same}
-        for name, gen in gens.items():
-            gen.generate(prompts[:1], max_new_tokens=4)  # warm-up
-            results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True)
-                       for group in groups]
-            s = GenerationStats.combine([r.stats for r in results])
-            outputs = [t for r in results for t in r.new_tokens]
-            rows[name] = {"method": name, "depth": gen.tree.depth, "topk": gen.tree.topk,
-                          "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": s.tokens_per_s,
-                          "speedup": s.tokens_per_s / (base_tokens / base_time),
-                          "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
-                          "identical": outputs == base_outputs}
-            if progress:
-                print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
-                      f"acceptance length {s.acceptance_length:.2f}, identical {rows[name]['identical']}",
-                      file=sys.stderr, flush=True)
-        report["runs"].append({"batch_size": bs, "results": list(rows.values())})
+    try:
+        for bs in cfg.batch_sizes:
+            report["runs"].append(_bench_batch(cfg, bs, prompts, target, tok, gens, progress))
+    except KeyboardInterrupt:
+        if not report["runs"]:
+            raise
+        report["interrupted"] = True  # the batch sizes that finished are kept
+        write_outputs(report, cfg.out)
+        raise KeyboardInterrupt(f"the finished batch sizes are in {cfg.out}/bench.json") from None
     write_outputs(report, cfg.out)
     return report
+
+
+def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gens, progress: bool) -> Dict[str, Any]:
+    """Every method at batch size ``bs``: {"batch_size", "results"}."""
+    groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+    rows: Dict[str, Dict[str, Any]] = {}
+    base_tokens, base_time, base_outputs = 0, 0.0, []
+    for group in groups:
+        out, t = hf_generate(target, tok, group, cfg.max_new_tokens)
+        base_outputs += out
+        base_tokens += sum(len(o) for o in out)
+        base_time += t
+    rows["hf_generate"] = {"method": "hf_generate", "tokens_per_s": base_tokens / base_time, "speedup": 1.0,
+                           "acceptance_length": 1.0, "identical": True}
+    if bs == 1:
+        lookup_tokens, lookup_time, same = 0, 0.0, True
+        for group, ref in zip(groups, base_outputs):
+            out, t = hf_generate(target, tok, group, cfg.max_new_tokens,
+                                  prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)
+            lookup_tokens += len(out[0])
+            lookup_time += t
+            same &= out[0] == ref
+        rows["hf_prompt_lookup"] = {"method": "hf_prompt_lookup", "tokens_per_s": lookup_tokens / lookup_time,
+                                    "speedup": (lookup_tokens / lookup_time) / (base_tokens / base_time),
+                                    "acceptance_length": None, "identical": same}
+    for name, gen in gens.items():
+        gen.generate(prompts[:1], max_new_tokens=4)  # warm-up
+        results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True)
+                   for group in groups]
+        s = GenerationStats.combine([r.stats for r in results])
+        outputs = [t for r in results for t in r.new_tokens]
+        rows[name] = {"method": name, "depth": gen.tree.depth, "topk": gen.tree.topk,
+                      "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": s.tokens_per_s,
+                      "speedup": s.tokens_per_s / (base_tokens / base_time),
+                      "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
+                      "identical": outputs == base_outputs}
+        if progress:
+            print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
+                  f"acceptance length {s.acceptance_length:.2f}, identical {rows[name]['identical']}",
+                  file=sys.stderr, flush=True)
+    return {"batch_size": bs, "results": list(rows.values())}
 
 
 def _bundled_prompts() -> List[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validation import integer, number
+
 
 @dataclass(frozen=True)
 class TreeConfig:
@@ -12,23 +14,29 @@ class TreeConfig:
     depth: draft steps per round (tree depth, root excluded).
     topk: children kept per frontier node and frontier width (1 = a chain).
     num_draft_tokens: tree nodes sent to the target per round, root included
-        (at most 1 + topk + (depth - 1) * topk^2; a chain uses depth + 1).
+        (at most 1 + topk + (depth - 1) * topk^2 and MAX_NODES; a chain uses depth + 1).
     """
 
     depth: int = 5
     topk: int = 4
     num_draft_tokens: int = 16
 
+    # A draft step is one draft forward, so depth bounds a round's cost; 1024 nodes is what the
+    # CUDA tree builder and the CPU windowed attention take.
+    MAX_DEPTH = 64
+    MAX_TOPK = 64
+    MAX_NODES = 1024
+
     def __post_init__(self) -> None:
-        if self.depth < 1:
-            raise ValueError(f"TreeConfig.depth must be >= 1, got {self.depth}")
-        if self.topk < 1:
-            raise ValueError(f"TreeConfig.topk must be >= 1, got {self.topk}")
-        most = 1 + self.topk + (self.depth - 1) * self.topk * self.topk
-        if not 2 <= self.num_draft_tokens <= most:
-            raise ValueError(
-                f"TreeConfig.num_draft_tokens must be in [2, {most}] for depth={self.depth}, topk={self.topk} "
-                f"(root + drafted candidates), got {self.num_draft_tokens}")
+        integer("TreeConfig.depth", self.depth, 1, self.MAX_DEPTH)
+        integer("TreeConfig.topk", self.topk, 1, self.MAX_TOPK)
+        most = min(1 + self.topk + (self.depth - 1) * self.topk * self.topk, self.MAX_NODES)
+        try:
+            integer("TreeConfig.num_draft_tokens", self.num_draft_tokens, 2, most)
+        except ValueError as e:
+            raise ValueError(f"{e}: the root and the drafted candidates, at most 1 + topk + (depth - 1) * topk^2 "
+                             f"for depth={self.depth}, topk={self.topk}, and never more than "
+                             f"{self.MAX_NODES}") from None
 
     @classmethod
     def chain(cls, depth: int) -> "TreeConfig":
@@ -45,12 +53,9 @@ class SamplingConfig:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        number("temperature", self.temperature, 0)
+        number("top_p", self.top_p, 0, 1, exclusive_minimum=True)
+        integer("top_k", self.top_k, 0)
 
     @property
     def greedy(self) -> bool:

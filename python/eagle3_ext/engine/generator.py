@@ -26,6 +26,7 @@ from .architecture import check_served
 from .batch import Batch
 from .capture import AuxHiddenCapture
 from .config import TreeConfig
+from .memory import check_fits
 from .inputs import prepare
 from .settings import GenerateSettings, resolve
 from .stats import GenerationStats
@@ -79,10 +80,20 @@ class SpeculativeGenerator:
 
     def __init__(self, target, draft: Eagle3DraftModel, tree: TreeConfig = TreeConfig(), tokenizer=None,
                  attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True):
+        if not (hasattr(target, "config") and callable(getattr(target, "get_input_embeddings", None))):
+            raise TypeError(f"target must be a transformers causal LM (from AutoModelForCausalLM), got "
+                            f"{type(target).__name__}; SpeculativeGenerator.from_pretrained also takes a directory")
+        if not isinstance(draft, Eagle3DraftModel):
+            raise TypeError(f"draft must be an Eagle3DraftModel, got {type(draft).__name__}; "
+                            "SpeculativeGenerator.from_pretrained also takes a directory")
+        if tokenizer is not None and not (callable(tokenizer) and callable(getattr(tokenizer, "decode", None))):
+            raise TypeError(f"tokenizer must be a transformers tokenizer or None, got {type(tokenizer).__name__}")
         if attention not in ("tree", "sdpa"):
             raise ValueError(f"attention must be 'tree' or 'sdpa', got {attention!r}")
         if not isinstance(tree, TreeConfig):
             raise TypeError(f"tree must be a TreeConfig, got {type(tree).__name__}")
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be True or False, got {strict!r}")
         check_served(target.config)
         self.target = target
         self.draft = draft.eval()
@@ -99,6 +110,7 @@ class SpeculativeGenerator:
         self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
         self.strict = strict
         self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
+        self._warned_draft_context = False
 
     @classmethod
     def from_pretrained(cls, target, draft, *, tokenizer=None, dtype: Union[None, str, torch.dtype] = None,
@@ -141,11 +153,7 @@ class SpeculativeGenerator:
             LongTensor [B, prompt + new], equal to the target's own greedy ``generate`` output;
             with ``return_dict_in_generate=True`` a SpeculativeGenerateOutput.
         """
-        settings = resolve(getattr(self.target, "generation_config", None), generation_config, dict(kwargs),
-                           self.tokenizer)
-        prompts = prepare(input_ids, attention_mask, settings.tokenizer, settings.pad_token_id,
-                          settings.eos_token_ids)
-        self._check_prompts(prompts.ids, settings)
+        settings, prompts = self._resolve(input_ids, attention_mask, generation_config, kwargs)
         device = self.target.get_input_embeddings().weight.device
         rng = torch.Generator(device=device)
         rng.manual_seed(tp.shared_seed(settings.seed))  # one seed on every tensor-parallel rank
@@ -175,6 +183,20 @@ class SpeculativeGenerator:
         text = None if tok is None else [tok.decode(t, skip_special_tokens=True) for t in new]
         return SpeculativeGenerateOutput(sequences, new, [r.reason for r in batch.requests], stats, text)
 
+    def check_inputs(self, input_ids=None, attention_mask: Optional[torch.Tensor] = None, *, generation_config=None,
+                     **kwargs) -> None:
+        """Raises the ValueError / TypeError that ``generate`` would raise for these arguments
+        (options, prompts, context length, memory), without running either model."""
+        self._resolve(input_ids, attention_mask, generation_config, kwargs)
+
+    def _resolve(self, input_ids, attention_mask, generation_config, kwargs):
+        settings = resolve(getattr(self.target, "generation_config", None), generation_config, dict(kwargs),
+                           self.tokenizer)
+        prompts = prepare(input_ids, attention_mask, settings.tokenizer, settings.pad_token_id,
+                          settings.eos_token_ids)
+        self._check_prompts(prompts.ids, settings)
+        return settings, prompts
+
     @staticmethod
     def _sequences(echo: torch.Tensor, new: List[List[int]], pad: int) -> torch.Tensor:
         longest = max(len(t) for t in new)
@@ -193,9 +215,23 @@ class SpeculativeGenerator:
             if len(p) >= self.max_positions:
                 raise ValueError(f"prompt {b} has {len(p)} tokens, longer than the target's context "
                                  f"({self.max_positions} positions)")
-            if settings.new_tokens_for(len(p)) < 1:
+            new = settings.new_tokens_for(len(p))
+            if new < 1:
                 raise ValueError(f"prompt {b} has {len(p)} tokens, which leaves no room under max_length="
                                  f"{settings.max_length}; pass max_new_tokens")
+            if len(p) + new > self.max_positions:
+                raise ValueError(f"prompt {b} has {len(p)} tokens and max_new_tokens is {new}: {len(p) + new} "
+                                 f"positions, beyond the target's context ({self.max_positions}, its "
+                                 f"max_position_embeddings); lower max_new_tokens to {self.max_positions - len(p)}")
+        longest = max(len(p) + settings.new_tokens_for(len(p)) for p in ids)
+        draft_context = self.draft.config.max_position_embeddings
+        if longest > draft_context and not self._warned_draft_context:
+            # The draft's rotary embedding extrapolates: the output stays the target's (lossless),
+            # only acceptance may fall past the positions the draft was trained on.
+            logger.warning("this call reaches position %d, beyond the draft's max_position_embeddings (%d): the "
+                           "output is unchanged, but acceptance may fall there", longest, draft_context)
+            self._warned_draft_context = True
+        check_fits(self, len(ids), max(len(p) for p in ids), max(settings.new_tokens_for(len(p)) for p in ids))
 
     @contextmanager
     def _session(self):

@@ -63,12 +63,15 @@ def prepare(input_ids: Any, attention_mask: Optional[torch.Tensor], tokenizer, p
         if ids.dim() == 1:
             ids = ids[None]
             attention_mask = None if attention_mask is None else attention_mask.view(1, -1)
-        if ids.dim() != 2 or ids.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"input_ids must be an integer tensor [B, L] or [L], got {ids.dtype} "
-                             f"{list(input_ids.shape)}")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids must be an int64 or int32 tensor of token ids, got {ids.dtype}")
+        if ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, L] or [L], got shape {list(input_ids.shape)}")
         if attention_mask is None:
             attention_mask = _mask_from_padding(ids, pad_token_id, eos_token_ids)
-        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != ids.shape:
+        if not isinstance(attention_mask, torch.Tensor):
+            raise TypeError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
+        if attention_mask.shape != ids.shape:
             raise ValueError(f"attention_mask must be a tensor of input_ids' shape {list(ids.shape)}, got "
                              f"{getattr(attention_mask, 'shape', attention_mask)!r}")
         mask = attention_mask.to(ids.device).bool()
@@ -92,10 +95,10 @@ def prepare(input_ids: Any, attention_mask: Optional[torch.Tensor], tokenizer, p
             elif isinstance(p, torch.Tensor) and p.dim() == 1:
                 rows.append(p.tolist())
             else:
-                raise ValueError(f"prompt {len(rows)}: expected a string, a list of token ids or chat messages, "
-                                 f"got {type(p).__name__}")
+                raise TypeError(f"prompt {len(rows)}: expected a string, a list of token ids or chat messages, "
+                                f"got {type(p).__name__}")
     else:
-        raise ValueError("input_ids must be a tensor [B, L], a string, a non-empty list of strings / token-id lists, "
+        raise TypeError("input_ids must be a tensor [B, L], a string, a non-empty list of strings / token-id lists, "
                          f"or chat messages; got {type(input_ids).__name__}")
     longest = max(len(r) for r in rows)
     echo = torch.full((len(rows), longest), pad_token_id, dtype=torch.long)

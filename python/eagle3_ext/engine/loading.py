@@ -32,9 +32,33 @@ def check_draft_dir(path: str) -> None:
                          "target? swap the target and the draft)")
 
 
+def check_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
+    """``device`` as a torch.device that exists here, or None."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a string or a torch.device, got {type(device).__name__}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device {device!r} is not a device torch knows: {_first_line(e)}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: no CUDA GPU is visible to torch here")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA devices are visible")
+    return device
+
+
 def torch_dtype(name: Union[None, str, torch.dtype], what: str) -> Optional[torch.dtype]:
-    if name is None or isinstance(name, torch.dtype):
+    if name is None:
+        return None
+    if isinstance(name, torch.dtype):
+        if name not in DTYPES.values():
+            raise ValueError(f"{what} must be one of {', '.join(DTYPES)} (or its torch.dtype), got {name}")
         return name
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a dtype name ({', '.join(DTYPES)}) or a torch.dtype, got "
+                        f"{type(name).__name__}")
     check_dtype_name(what, name)
     return DTYPES[name]
 
@@ -53,8 +77,28 @@ def load_target(path: str, dtype: Optional[torch.dtype]):
     except ValueError as e:
         if "Unrecognized configuration class" in str(e) or "AutoModelForCausalLM" in str(e):
             raise ValueError(f"{path} is not a causal language model transformers can load for generation: "
-                             f"{str(e).splitlines()[0]}") from None
-        raise
+                             f"{_first_line(e)}") from None
+        raise ValueError(f"target {path} cannot be loaded: {_first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001  (a truncated or corrupt weight file raises many kinds)
+        raise ValueError(f"target {path}: the weights cannot be read (truncated or corrupt?): "
+                         f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def load_tokenizer(path: str):
+    """The tokenizer saved with the target at ``path``, with a one-line error when it is missing
+    or unreadable."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001  (tokenizer files fail in many ways)
+        raise ValueError(f"target {path}: no usable tokenizer (tokenizer.json / tokenizer_config.json): "
+                         f"{type(e).__name__}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def load_pair_for_generation(target: Any, draft: Any, tokenizer: Any = None,
@@ -66,12 +110,12 @@ def load_pair_for_generation(target: Any, draft: Any, tokenizer: Any = None,
     from ..draft import Eagle3DraftModel
 
     t_dtype, d_dtype = torch_dtype(dtype, "dtype"), torch_dtype(draft_dtype, "draft_dtype")
+    device = check_device(device)
     if isinstance(target, (str, os.PathLike)):
         target_dir = os.fspath(target)
         target = load_target(target_dir, t_dtype)
         if tokenizer is None:
-            from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(target_dir)
+            tokenizer = load_tokenizer(target_dir)
     elif t_dtype is not None:
         target = target.to(t_dtype)
     if not hasattr(target, "get_input_embeddings") or not hasattr(target, "config"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from .config import TreeConfig
+from .config import SamplingConfig, TreeConfig
 
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
@@ -33,14 +33,36 @@ class GenerateRequest:
     check_ranks: bool = False
     strict_capture: bool = True         # the capture guard raises (False: warns)
 
+    def __post_init__(self) -> None:
+        from ..dtypes import check_dtype_name
+        from ..validation import choice, integer, text
+        from .settings import MAX_SEED
+
+        if self.prompt is not None:
+            text("prompt", self.prompt)
+        integer("max_new_tokens", self.max_new_tokens, 1)
+        SamplingConfig(self.temperature, self.top_p, self.top_k)
+        integer("seed", self.seed, 0, MAX_SEED)
+        choice("attention", self.attention, ("tree", "sdpa"))
+        check_dtype_name("dtype", self.dtype)
+        check_dtype_name("draft_dtype", self.draft_dtype)
+        self.tree()  # the tree options, checked now rather than after the models load
+
     def tree(self) -> TreeConfig:
+        """The tree asked for; an option left None takes TreeConfig's default (0 is an error, not
+        "the default")."""
+        default = TreeConfig()
+        depth = default.depth if self.depth is None else self.depth
         if self.chain:
             if self.topk not in (None, 1):
                 raise ValueError(f"--chain drafts with topk 1, got --topk {self.topk}")
-            return TreeConfig.chain(self.depth or 5)
-        default = TreeConfig()
-        return TreeConfig(depth=self.depth or default.depth, topk=self.topk or default.topk,
-                          num_draft_tokens=self.num_draft_tokens or default.num_draft_tokens)
+            if self.num_draft_tokens not in (None, depth + 1):
+                raise ValueError(f"--chain verifies depth + 1 = {depth + 1} tokens, got --num-draft-tokens "
+                                 f"{self.num_draft_tokens}")
+            return TreeConfig.chain(depth)
+        return TreeConfig(depth=depth, topk=default.topk if self.topk is None else self.topk,
+                          num_draft_tokens=default.num_draft_tokens if self.num_draft_tokens is None
+                          else self.num_draft_tokens)
 
 
 def resolve_models(target: Optional[str], draft: Optional[str]):
@@ -73,8 +95,9 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     if progress and tp.rank() == 0:
         from transformers import TextStreamer
         streamer = TextStreamer(tokenizer, skip_prompt=False)  # the prompt, then the completion
-    sample = dict(do_sample=req.temperature > 0, temperature=req.temperature or None, top_p=req.top_p,
-                  top_k=req.top_k, seed=req.seed)
+    sample: Dict[str, Any] = dict(do_sample=False, seed=req.seed)
+    if req.temperature > 0:  # the sampling options only when sampling (transformers warns otherwise)
+        sample.update(do_sample=True, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     # A short warm-up so one-time costs (allocator, first kernel calls) hit neither side.
     gen.generate(prompt, max_new_tokens=4, **sample)
     out = gen.generate(prompt, max_new_tokens=req.max_new_tokens, streamer=streamer, return_dict_in_generate=True,

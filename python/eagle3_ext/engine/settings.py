@@ -15,7 +15,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..validation import integer, number
 from .config import SamplingConfig
+
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes 64-bit seeds
 
 # transformers' defaults for what a generation config leaves unset (GenerationConfig.
 # _get_default_generation_params in 5.24; tests/test_api.py checks they still agree).
@@ -75,6 +78,26 @@ def _ids(value: Any, name: str) -> List[int]:
     raise TypeError(f"{name} must be an int or a list of ints, got {value!r}")
 
 
+# Numeric generation options: (is an integer, minimum, exclusive minimum, maximum).
+FIELD_LIMITS = {"max_new_tokens": (True, 1, False, None), "min_new_tokens": (True, 0, False, None),
+                "max_length": (True, 1, False, None), "top_k": (True, 0, False, None),
+                "temperature": (False, 0, False, None), "top_p": (False, 0, True, 1)}
+
+
+def _check_fields(values: Dict[str, Any]) -> None:
+    """TypeError / ValueError naming the first numeric option of ``values`` that is out of place."""
+    for name, (whole, low, open_low, high) in FIELD_LIMITS.items():
+        value = values.get(name)
+        if value is None:
+            continue
+        if whole:
+            integer(f"generate: {name}", value, low, high)
+        else:
+            number(f"generate: {name}", value, low, high, exclusive_minimum=open_low)
+    if values.get("do_sample") is not None and not isinstance(values["do_sample"], bool):
+        raise TypeError(f"generate: do_sample must be True or False, got {values['do_sample']!r}")
+
+
 def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], tokenizer: Any = None) -> GenerateSettings:
     """GenerateSettings for a target whose generation config is ``target_config`` (a
     transformers GenerationConfig or None), as Hugging Face's generate would resolve them."""
@@ -85,6 +108,7 @@ def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], 
                         f"{type(generation_config).__name__}")
     config = copy.deepcopy(generation_config or target_config or GenerationConfig())
     extras = {k: kwargs.pop(k) for k in list(kwargs) if k in EXTRA_KEYWORDS}
+    _check_fields(kwargs)  # before transformers' own validation, which fails on a wrong type unnamed
     unused = config.update(**kwargs)
     if unused:
         raise TypeError(f"generate got unexpected keyword arguments {sorted(unused)}: they are neither generation "
@@ -96,18 +120,15 @@ def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], 
                 f"generate: {name}={value!r} is not supported by speculative decoding (it takes {fine!r}); a logits "
                 "processor can be passed as logits_processor=, which is applied to the target at every tree node")
     get = lambda name: HF_DEFAULTS[name] if getattr(config, name, None) is None else getattr(config, name)  # noqa: E731
-    do_sample = bool(get("do_sample"))
+    _check_fields({name: getattr(config, name, None) for name in (*FIELD_LIMITS, "do_sample")})
+    do_sample = get("do_sample")
     temperature, top_p, top_k = float(get("temperature")), float(get("top_p")), int(get("top_k"))
     if do_sample and temperature == 0:
         raise ValueError("generate: do_sample=True needs temperature > 0 (temperature 0 is greedy: do_sample=False)")
     sampling = SamplingConfig(temperature, top_p, top_k) if do_sample else SamplingConfig()
     max_new = config.max_new_tokens
-    if max_new is not None and (not isinstance(max_new, int) or max_new < 1):
-        raise ValueError(f"generate: max_new_tokens must be a positive integer, got {max_new!r}")
     max_length = int(get("max_length"))
     min_new = config.min_new_tokens or 0
-    if not isinstance(min_new, int) or min_new < 0:
-        raise ValueError(f"generate: min_new_tokens must be a non-negative integer, got {min_new!r}")
     eos = _ids(config.eos_token_id, "eos_token_id")
     pad = config.pad_token_id
     if pad is None:
@@ -129,11 +150,16 @@ def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], 
         if not isinstance(processors, list) or not all(callable(p) for p in processors):
             raise TypeError("generate: logits_processor must be a LogitsProcessorList or a list of processors")
         processors = LogitsProcessorList(processors) if processors else None
+    streamer = extras.get("streamer")
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and
+                                     callable(getattr(streamer, "end", None))):
+        raise TypeError(f"generate: streamer must have put() and end() methods (a transformers BaseStreamer), got "
+                        f"{type(streamer).__name__}")
     seed = extras.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise TypeError(f"generate: seed must be an int, got {seed!r}")
+    if seed is not None:
+        integer("generate: seed", seed, 0, MAX_SEED)
     return GenerateSettings(
         max_new_tokens=max_new, max_length=max_length, min_new_tokens=min_new, sampling=sampling, eos_token_ids=eos,
         pad_token_id=int(pad), stop_strings=stop, logits_processor=processors,
-        streamer=extras.get("streamer"), tokenizer=tokenizer,
+        streamer=streamer, tokenizer=tokenizer,
         return_dict_in_generate=bool(config.return_dict_in_generate), seed=seed)

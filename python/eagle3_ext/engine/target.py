@@ -68,9 +68,13 @@ class TargetRunner:
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TargetOutput:
         """input_ids [B, L] left-padded, attention_mask [B, L] (1 = token). Returns the outputs
-        in that left-padded layout; the cache is then left-aligned."""
+        in that left-padded layout (logits of the last position only, [B, 1, V]); the cache is
+        then left-aligned."""
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
+        # Only the last position's logits pick the first token: the rest would be a [B, L, V]
+        # tensor, the largest allocation of a long prompt.
+        out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                            logits_to_keep=1)
         self.seq_lens = attention_mask.long().sum(-1)
         pads = input_ids.shape[1] - self.seq_lens
         if bool((pads > 0).any()):

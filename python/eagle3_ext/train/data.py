@@ -6,11 +6,12 @@ max_len tokens."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence
 
 import torch
+
+from ..validation import read_text_file
 
 
 @dataclass
@@ -20,8 +21,11 @@ class Example:
 
 
 def _chat_example(tokenizer, messages: list, where: str, max_len: int) -> Example:
-    if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-        raise ValueError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}} "
+                         "objects")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"{where}: chat data needs a tokenizer with a chat template; the target's has none")
     ids: List[int] = []
@@ -79,12 +83,7 @@ def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Opt
         raise ValueError("no training data files given")
     examples: List[Example] = []
     for path in paths:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"training data file {path} does not exist")
-        with open(path, encoding="utf-8") as f:
-            content = f.read()
-        if not content.strip():
-            raise ValueError(f"training data file {path} is empty")
+        content = read_text_file("training data file", path)
         before = len(examples)
         if path.endswith(".jsonl"):
             for n, line in enumerate(content.splitlines(), 1):
@@ -95,6 +94,8 @@ def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Opt
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
                 if "messages" in record:
                     examples.append(_chat_example(tokenizer, record["messages"], where, max_len))
                 elif isinstance(record.get("text"), str):

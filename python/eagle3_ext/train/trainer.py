@@ -17,15 +17,19 @@ import torch
 from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers, fingerprint
 from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
+from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
 from ..engine.capture import AuxHiddenCapture
+from ..engine.loading import load_target, load_tokenizer
 from .data import batches, collate, load_examples
+from .interrupt import StopRequest
 from .ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
 from .vocab import build_vocab_mapping
 
 logger = logging.getLogger(__name__)
 
-
+# Each training-time-test step is one more unrolled draft forward held for backward.
+MAX_TTT_STEPS = 32
 
 @dataclass
 class TrainConfig:
@@ -60,16 +64,39 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
+        """Raises TypeError / ValueError naming the first bad field; 0, "" and [] are errors,
+        never "the default" (None is)."""
+        validation.path("target", self.target)
+        if isinstance(self.data, (str, os.PathLike)) or not isinstance(self.data, (list, tuple)) or not self.data:
+            raise TypeError(f"data must be a non-empty list of file paths, got {self.data!r}")
+        for i, item in enumerate(self.data):
+            validation.existing_file(f"data[{i}]", item)
+        validation.output_dir("out", self.out)
+        if self.aux_layers is not None:
+            if not isinstance(self.aux_layers, (list, tuple)) or not self.aux_layers:
+                raise TypeError(f"aux_layers must be None (EAGLE's default) or a non-empty list of layer indices, got "
+                                f"{self.aux_layers!r}")
+            for i, layer in enumerate(self.aux_layers):
+                validation.integer(f"aux_layers[{i}]", layer, 0)
+            if len(set(self.aux_layers)) != len(self.aux_layers):
+                raise ValueError(f"aux_layers must be distinct, got {list(self.aux_layers)}")
+        if self.draft_vocab_size is not None:
+            validation.integer("draft_vocab_size", self.draft_vocab_size, 1)
+        validation.integer("ttt_steps", self.ttt_steps, 1, MAX_TTT_STEPS)
+        for name, low in (("epochs", 1), ("batch_tokens", 1), ("max_len", 4), ("eval_every", 1),
+                          ("val_max_examples", 1), ("warmup_steps", 0)):
+            validation.integer(name, getattr(self, name), low)
+        if self.max_steps is not None:
+            validation.integer("max_steps", self.max_steps, 1)
+        validation.integer("seed", self.seed, 0, 2**63 - 1)
+        validation.number("lr", self.lr, 0, exclusive_minimum=True)
+        validation.number("val_fraction", self.val_fraction, 0, 1, exclusive_minimum=True)
+        if self.val_fraction >= 1:
+            raise ValueError("val_fraction must be below 1 (some data must be left to train on), got "
+                             f"{self.val_fraction}")
         check_dtype_name("dtype", self.dtype)
-        if self.amp is not None and self.amp not in ("bfloat16", "float16"):
-            raise ValueError(f"amp must be None, 'bfloat16' or 'float16', got {self.amp!r}")
-        for name in ("ttt_steps", "epochs", "batch_tokens", "max_len", "eval_every", "val_max_examples"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
+        if self.amp is not None:
+            validation.choice("amp", self.amp, ("bfloat16", "float16"))
         if self.batch_tokens < self.max_len:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must hold one sequence of max_len "
                              f"({self.max_len}) tokens")
@@ -104,21 +131,39 @@ def draft_config_for(target_config, aux_layers: List[int], draft_vocab_size: int
         aux_layer_ids_source="eagle3 train", target_num_hidden_layers=layers, **flags)
 
 
+# What a resumed run must share with the run that wrote the checkpoint, or it would not continue
+# the same training (paths, max_steps, eval_every and the exports may change).
+RESUME_FIELDS = ("aux_layers", "draft_vocab_size", "ttt_steps", "epochs", "lr", "warmup_steps", "batch_tokens",
+                 "max_len", "dtype", "amp", "val_fraction", "val_max_examples", "seed", "norm_before_residual",
+                 "fc_norm", "norm_before_fc", "norm_output")
+
+
+def _check_resumable(saved: Dict[str, Any], config: TrainConfig) -> None:
+    defaulted = {"aux_layers"} if config.aux_layers is None else set()  # None resumes with the saved ids
+    differ = [f"{k} (checkpoint {saved[k]!r}, now {getattr(config, k)!r})" for k in RESUME_FIELDS
+              if k in saved and saved[k] != getattr(config, k) and k not in defaulted]
+    if differ:
+        raise ValueError(f"resume: the checkpoint was trained with other options: {', '.join(differ)}; resume with "
+                         "the same options, or train into another --out")
+
+
 class Trainer:
     def __init__(self, config: TrainConfig):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         config.validate()
         self.config = config
         torch.manual_seed(config.seed)
         dtype = DTYPES[config.dtype]
-        self.tokenizer = AutoTokenizer.from_pretrained(config.target)
-        self.target = AutoModelForCausalLM.from_pretrained(config.target, dtype=dtype).eval()
+        self.target = load_target(config.target, dtype).eval()
+        self.tokenizer = load_tokenizer(config.target)
         self.target.requires_grad_(False)
         layers, _, vocab = target_dims(self.target.config)
         if len(self.tokenizer) > vocab:
             raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is {vocab}")
-        aux = config.aux_layers or list(eagle_default_aux_layers(layers))
+        context = getattr(self.target.config, "max_position_embeddings", None)
+        if isinstance(context, int) and config.max_len > context:
+            raise ValueError(f"max_len {config.max_len} is longer than the target's context ({context} positions, "
+                             "max_position_embeddings)")
+        aux = list(eagle_default_aux_layers(layers)) if config.aux_layers is None else list(config.aux_layers)
 
         examples = load_examples(config.data, self.tokenizer, config.max_len, vocab_size=vocab)
         order = list(range(len(examples)))
@@ -135,13 +180,15 @@ class Trainer:
         if config.resume and os.path.exists(os.path.join(ckpt, "trainer_state.pt")):
             self.draft = Eagle3DraftModel.from_pretrained(os.path.join(ckpt, "draft"), target_config=self.target.config)
             saved = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
+            _check_resumable(saved.get("config", {}), config)
             self.state = saved["state"]
         elif config.resume:
-            raise FileNotFoundError(f"--resume: no checkpoint under {ckpt}")
+            raise FileNotFoundError(f"resume: no checkpoint under {ckpt} to continue from (train without --resume "
+                                    "to start)")
         else:
-            draft_vocab = min(vocab, config.draft_vocab_size or 32000)
-            if config.draft_vocab_size and config.draft_vocab_size > vocab:
-                raise ValueError(f"--draft-vocab-size {config.draft_vocab_size} is larger than the target "
+            draft_vocab = min(vocab, 32000) if config.draft_vocab_size is None else config.draft_vocab_size
+            if draft_vocab > vocab:
+                raise ValueError(f"draft_vocab_size {draft_vocab} is larger than the target "
                                  f"vocabulary ({vocab})")
             flags = {k: getattr(config, k) for k in ("norm_before_residual", "fc_norm", "norm_before_fc",
                                                      "norm_output")}
@@ -238,6 +285,17 @@ class Trainer:
         if not self.history:  # the untrained draft, so the log shows how far training moved it
             self._eval_and_save(started)
         metrics: Dict[str, Any] = self.history[-1]
+        with StopRequest() as stop:
+            metrics = self._loop(epoch_batches, total, bar, started, metrics, stop)
+        bar.close()
+        if not metrics or metrics.get("step") != self.state["step"]:
+            metrics = self._eval_and_save(started)
+        self.export()
+        return TrainResult(out=cfg.out, step=self.state["step"], metrics=metrics)
+
+    def _loop(self, epoch_batches, total: int, bar, started: float, metrics: Dict[str, Any],
+              stop: StopRequest) -> Dict[str, Any]:
+        cfg = self.config
         while self.state["step"] < total and self.state["epoch"] < cfg.epochs:
             todo = epoch_batches[self.state["epoch"]]
             while self.state["batch_in_epoch"] < len(todo) and self.state["step"] < total:
@@ -256,14 +314,15 @@ class Trainer:
                 bar.update(1)
                 if self.state["step"] % cfg.eval_every == 0 or self.state["step"] == total:
                     metrics = self._eval_and_save(started)
+                if stop.requested:
+                    bar.close()
+                    self._save(metrics)
+                    raise KeyboardInterrupt(f"stopped after step {self.state['step']} of {total}; the checkpoint in "
+                                            f"{os.path.join(cfg.out, 'checkpoint')} continues with --resume")
             if self.state["batch_in_epoch"] >= len(todo):
                 self.state["epoch"] += 1
                 self.state["batch_in_epoch"] = 0
-        bar.close()
-        if not metrics or metrics.get("step") != self.state["step"]:
-            metrics = self._eval_and_save(started)
-        self.export()
-        return TrainResult(out=cfg.out, step=self.state["step"], metrics=metrics)
+        return metrics
 
     def _order(self, epoch: int) -> List[int]:
         order = list(range(len(self.train_set)))

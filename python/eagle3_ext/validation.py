@@ -1,0 +1,151 @@
+"""Checks of the values a user gives, shared by the API's configs and the command line.
+
+Every error names the argument, says what was expected and what came: a TypeError for a value
+of the wrong kind, a ValueError for one out of range. No check reads 0, an empty string or an
+empty list as "not given": None is the only "use the default".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional, Sequence
+
+
+def _bounds(low: Optional[float], high: Optional[float], low_open: bool = False) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    return f"<= {high:g}"
+
+
+def describe_integer(minimum: Optional[int] = None, maximum: Optional[int] = None) -> str:
+    """What an integer argument takes, in words ("a positive integer", "an integer in [1, 64]")."""
+    if maximum is None and minimum == 1:
+        return "a positive integer"
+    if maximum is None and minimum == 0:
+        return "a non-negative integer"
+    if minimum is None and maximum is None:
+        return "an integer"
+    return f"an integer {_bounds(minimum, maximum)}"
+
+
+def describe_number(minimum: Optional[float] = None, maximum: Optional[float] = None,
+                    exclusive_minimum: bool = False) -> str:
+    if minimum == 0 and maximum is None:
+        return "a positive number" if exclusive_minimum else "a number >= 0"
+    if minimum is None and maximum is None:
+        return "a finite number"
+    return f"a number {_bounds(minimum, maximum, exclusive_minimum)}"
+
+
+def _fault(name: str, expected: str, got: str) -> str:
+    """"<name> must be <expected>, got <got>"; without a name (argparse adds the option's),
+    "expected <expected>, got <got>"."""
+    return f"{name} must be {expected}, got {got}" if name else f"expected {expected}, got {got}"
+
+
+def in_range(value: float, minimum: Optional[float], maximum: Optional[float], exclusive_minimum: bool = False) -> bool:
+    below = minimum is not None and (value <= minimum if exclusive_minimum else value < minimum)
+    return math.isfinite(value) and not below and (maximum is None or value <= maximum)
+
+
+def integer(name: str, value: Any, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+    """``value`` if it is an int (not a bool) within [minimum, maximum]."""
+    expected = describe_integer(minimum, maximum)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
+    if not in_range(value, minimum, maximum):
+        raise ValueError(_fault(name, expected, str(value)))
+    return value
+
+
+def number(name: str, value: Any, minimum: Optional[float] = None, maximum: Optional[float] = None,
+           exclusive_minimum: bool = False) -> float:
+    """``value`` as a float if it is a finite int or float within the bounds."""
+    expected = describe_number(minimum, maximum, exclusive_minimum)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
+    if not in_range(float(value), minimum, maximum, exclusive_minimum):
+        raise ValueError(_fault(name, expected, f"{value:g}"))
+    return float(value)
+
+
+def choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    if value not in choices:
+        raise ValueError(_fault(name, "one of " + ", ".join(repr(c) for c in choices), repr(value)))
+    return value
+
+
+def text(name: str, value: Any) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str):
+        raise TypeError(_fault(name, "a string", type(value).__name__))
+    if not value.strip():
+        raise ValueError(_fault(name, "a non-empty string", repr(value)))
+    return value
+
+
+def path(name: str, value: Any) -> str:
+    """A non-empty path (str or os.PathLike) as a string; it need not exist."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(_fault(name, "a path (str or os.PathLike)", type(value).__name__))
+    value = os.fspath(value)
+    if not value.strip():
+        raise ValueError(_fault(name, "a non-empty path", repr(value)))
+    return value
+
+
+def _where(name: str, value: str) -> str:
+    return f"{name}: {value}" if name else value
+
+
+def existing_file(name: str, value: Any) -> str:
+    """A path to a readable regular file."""
+    value = path(name, value)
+    if os.path.isdir(value):
+        raise ValueError(f"{_where(name, value)} is a directory, expected a file")
+    if not os.path.exists(value):
+        raise FileNotFoundError(f"{_where(name, value)} does not exist, expected a file")
+    if not os.access(value, os.R_OK):
+        raise PermissionError(f"{_where(name, value)} is not readable")
+    return value
+
+
+def existing_dir(name: str, value: Any) -> str:
+    """A path to an existing directory."""
+    value = path(name, value)
+    if not os.path.exists(value):
+        raise FileNotFoundError(f"{_where(name, value)} does not exist, expected a directory")
+    if not os.path.isdir(value):
+        raise ValueError(f"{_where(name, value)} is a file, expected a directory")
+    return value
+
+
+def output_dir(name: str, value: Any) -> str:
+    """A directory to write into: existing, or one that can be created (not a file)."""
+    value = path(name, value)
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise ValueError(f"{_where(name, value)} is a file, expected a directory to write into")
+    return value
+
+
+def read_text_file(name: str, value: Any) -> str:
+    """The content of a UTF-8 text file; a binary or otherwise undecodable file, or one with
+    nothing but whitespace, is an error naming the file and the place."""
+    value = existing_file(name, value)
+    with open(value, "rb") as f:
+        raw = f.read()
+    where = _where(name, value)
+    if b"\0" in raw:
+        line = raw[:raw.index(b"\0")].count(b"\n") + 1
+        raise ValueError(f"{where}:{line}: a NUL byte: this is a binary file, expected UTF-8 text")
+    try:
+        content = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{where}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8; expected UTF-8 text") from None
+    if not content.strip():
+        raise ValueError(f"{where} is empty")
+    return content
