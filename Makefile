@@ -60,7 +60,7 @@ install: $(STAMP)
 # The main job: speculative generation on the bundled default pair, against plain decoding.
 # The tree (depth 5, topk 2, 16 nodes) is the fastest of `eagle3 bench --sweep` on a 2-core CPU.
 run: install
-	$(PY) -m eagle3_ext generate --baseline --depth 5 --topk 2 --num-draft-tokens 16
+	$(PY) -m eagle3_ext generate --baseline --depth 5 --topk 2 --num-draft-tokens 16 --lookup-tokens 10
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

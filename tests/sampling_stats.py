@@ -45,8 +45,10 @@ def exact_joint(target, prompt, length, temperature, processor=None):
     return probs
 
 
-def sample_joint(target, draft, prompt, length, temperature, trials, batch=2500, seed=0, **generate_kwargs):
-    gen = SpeculativeGenerator(target, draft, TreeConfig(depth=3, topk=2, num_draft_tokens=6), attention="sdpa")
+def sample_joint(target, draft, prompt, length, temperature, trials, batch=2500, seed=0, tree=None,
+                 **generate_kwargs):
+    tree = TreeConfig(depth=3, topk=2, num_draft_tokens=6) if tree is None else tree
+    gen = SpeculativeGenerator(target, draft, tree, attention="sdpa")
     counts = {}
     for i in range(trials // batch):
         out = gen.generate([prompt] * batch, max_new_tokens=length, do_sample=True, temperature=temperature,

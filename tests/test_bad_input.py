@@ -95,12 +95,18 @@ CLI_CASES = [
     (GEN, "--num-draft-tokens", "zero", ["--num-draft-tokens", "0"], "--num-draft-tokens: expected an integer in [2"),
     (GEN, "--num-draft-tokens", "negative", ["--num-draft-tokens", "-4"], "--num-draft-tokens: expected an integer"),
     (GEN, "--num-draft-tokens", "too large", ["--num-draft-tokens", "5000"], "expected an integer in [2, 1024]"),
-    (GEN, "--num-draft-tokens", "too large", ["--depth", "2", "--topk", "1", "--num-draft-tokens", "10"],
-     "TreeConfig.num_draft_tokens must be an integer in [2, 3], got 10"),
+    (GEN, "--num-draft-tokens", "too large", ["--depth", "2", "--topk", "1", "--num-draft-tokens", "20"],
+     "TreeConfig.num_draft_tokens must be an integer in [2, 13], got 20"),
     (GEN, "--num-draft-tokens", "wrong type", ["--num-draft-tokens", "many"], "--num-draft-tokens: expected"),
+    (GEN, "--lookup-tokens", "negative", ["--lookup-tokens", "-1"], "--lookup-tokens: expected an integer in [0, 64]"),
+    (GEN, "--lookup-tokens", "too large", ["--lookup-tokens", "65"], "--lookup-tokens: expected an integer in [0, 64]"),
+    (GEN, "--lookup-tokens", "wrong type", ["--lookup-tokens", "ten"], "--lookup-tokens: expected an integer"),
+    (GEN, "--lookup-ngram", "zero", ["--lookup-ngram", "0"], "--lookup-ngram: expected an integer in [1, 16], got 0"),
+    (GEN, "--lookup-ngram", "too large", ["--lookup-ngram", "17"], "--lookup-ngram: expected an integer in [1, 16]"),
+    (GEN, "--lookup-ngram", "wrong type", ["--lookup-ngram", "2.5"], "--lookup-ngram: expected an integer"),
     (GEN, "--chain", "mismatched pair", ["--chain", "--topk", "4"], "--chain drafts with topk 1, got --topk 4"),
     (GEN, "--chain", "mismatched pair", ["--chain", "--depth", "3", "--num-draft-tokens", "9"],
-     "--chain verifies depth + 1 = 4 tokens, got --num-draft-tokens 9"),
+     "--chain verifies depth + 1 + lookup tokens = 14 tokens, got --num-draft-tokens 9"),
     (GEN, "--chain", "wrong type", ["--chain=yes"], "--chain: ignored explicit argument 'yes'"),
     (GEN, "--attention", "wrong type", ["--attention", "flash"], "--attention: invalid choice: 'flash'"),
     (GEN, "--seed", "negative", ["--seed", "-1"], "--seed: expected an integer in [0, 9.22337e+18]"),
@@ -146,8 +152,12 @@ CLI_CASES = [
     (BENCH, "--batch-sizes", "negative", ["--batch-sizes", "-4"], "--batch-sizes: expected a positive integer"),
     (BENCH, "--batch-sizes", "too large", ["--batch-sizes", "4"], "batch_sizes[0] must be an integer in [1, 1], got 4"),
     (BENCH, "--batch-sizes", "wrong type", ["--batch-sizes", "big"], "--batch-sizes: expected a positive integer"),
-    (BENCH, "--tree", "wrong type", ["--tree", "5,4"], "--tree takes DEPTH,TOPK,NODES, got '5,4'"),
-    (BENCH, "--tree", "wrong type", ["--tree", "a,b,c"], "--tree takes DEPTH,TOPK,NODES, got 'a,b,c'"),
+    (BENCH, "--tree", "wrong type", ["--tree", "5,4"],
+     "--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, got '5,4'"),
+    (BENCH, "--tree", "wrong type", ["--tree", "a,b,c"],
+     "--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, got 'a,b,c'"),
+    (BENCH, "--tree", "negative", ["--tree", "2,1,3,-1"],
+     "TreeConfig.lookup_tokens must be an integer in [0, 64], got -1"),
     (BENCH, "--tree", "zero", ["--tree", "0,1,2"], "TreeConfig.depth must be an integer in [1, 64], got 0"),
     (BENCH, "--tree", "negative", ["--tree", "3,-1,4"], "TreeConfig.topk must be an integer in [1, 64], got -1"),
     (BENCH, "--tree", "too large", ["--tree", "2,1,10"], "TreeConfig.num_draft_tokens must be an integer in [2, 3]"),
@@ -275,8 +285,8 @@ CLI_CASES = [
 
 # Options whose 0 is a documented value, not an error: --temperature 0 is greedy, --top-k 0
 # and --seed 0 are what Hugging Face calls them, --acceptance-prompts 0 skips the measurement,
-# --aux-layers 0 is the embedding output (hidden_states[0]).
-ZERO_IS_A_VALUE = {"--temperature", "--top-k", "--seed", "--acceptance-prompts", "--aux-layers"}
+# --aux-layers 0 is the embedding output (hidden_states[0]), --lookup-tokens 0 turns lookup off.
+ZERO_IS_A_VALUE = {"--temperature", "--top-k", "--seed", "--acceptance-prompts", "--aux-layers", "--lookup-tokens"}
 
 
 def _fill(items, values):
@@ -334,5 +344,6 @@ def test_every_option_is_swept(command):
 def test_zero_values_that_mean_something_are_honoured(capsys):
     """--temperature 0 is greedy and --top-k 0 is no top-k: both run (they are not defaults
     standing in for a missing value; the defaults of --depth and friends are None)."""
-    rc, err = run_cli(GEN + ["--temperature", "0", "--top-k", "0", "--seed", "0", "--json"], capsys)
+    rc, err = run_cli(GEN + ["--temperature", "0", "--top-k", "0", "--seed", "0", "--lookup-tokens", "0", "--json"],
+                      capsys)
     assert rc == 0, err[-2000:]

@@ -50,12 +50,17 @@ def test_sweep_names_the_fastest(pair, capsys):
 
 
 def test_sweep_grid_covers_every_depth_and_width():
-    grid = sweep_configs(depths=(2, 5), topks=(1, 2, 4), nodes=(4, 16, 64))
+    grid = sweep_configs(depths=(2, 5), topks=(1, 2, 4), nodes=(4, 16, 64), lookups=(0,))
     # chains once per depth (depth + 1 nodes); depth 2 with topk 2 holds at most 1 + 2 + 4 = 7
     # nodes, so only the 4-node tree fits; depth 5 with topk 4 holds every node count.
     assert sorted(grid) == sorted(["chain2", "chain5", "tree2x2n4", "tree2x4n4", "tree2x4n16", "tree5x2n4",
                                    "tree5x2n16", "tree5x4n4", "tree5x4n16", "tree5x4n64"])
     assert grid["chain5"].num_draft_tokens == 6 and grid["chain5"].topk == 1
+    # with lookup, the chain's nodes come on top of the draft's candidates
+    hybrid = sweep_configs(depths=(2,), topks=(1, 2), nodes=(4, 16), lookups=(0, 10))
+    assert sorted(hybrid) == sorted(["chain2", "tree2x2n4", "chain2+lookup10", "tree2x2n4+lookup10",
+                                     "tree2x2n16+lookup10"])
+    assert hybrid["chain2+lookup10"].num_draft_tokens == 13 and hybrid["chain2+lookup10"].lookup_tokens == 10
 
 
 def test_bench_errors(pair, tmp_path, capsys):

@@ -177,7 +177,7 @@ def test_bad_inputs_fail_before_generation(trained, tmp_path):
     with pytest.raises(ValueError, match="temperature must be a number >= 0, got -1"):
         gen.generate("def", do_sample=True, temperature=-1)
     with pytest.raises(ValueError, match=r"num_draft_tokens must be an integer in \[2, 7\], got 40"):
-        TreeConfig(depth=2, topk=2, num_draft_tokens=40)
+        TreeConfig(depth=2, topk=2, num_draft_tokens=40, lookup_tokens=0)
 
 
 def test_draft_context_shorter_than_the_call_warns_and_stays_lossless(trained, caplog):

@@ -92,10 +92,17 @@ def _add_generate(sub) -> None:
     p.add_argument("--temperature", type=T.number(0), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=T.number(0, 1, exclusive_minimum=True), default=1.0, help="1 = off")
     p.add_argument("--top-k", type=T.integer(0), default=0, help="0 = off")
-    p.add_argument("--depth", type=T.integer(1, TreeConfig.MAX_DEPTH), help="draft steps per round (default 5)")
-    p.add_argument("--topk", type=T.integer(1, TreeConfig.MAX_TOPK), help="children per frontier node (default 4)")
+    p.add_argument("--depth", type=T.integer(1, TreeConfig.MAX_DEPTH),
+                   help=f"draft steps per round (default {TreeConfig().depth})")
+    p.add_argument("--topk", type=T.integer(1, TreeConfig.MAX_TOPK),
+                   help=f"children per frontier node (default {TreeConfig().topk})")
     p.add_argument("--num-draft-tokens", type=T.integer(2, TreeConfig.MAX_NODES),
-                   help="tree nodes verified per round, root included (default 16)")
+                   help=f"tree nodes verified per round, root included (default {TreeConfig().num_draft_tokens})")
+    p.add_argument("--lookup-tokens", type=T.integer(0, TreeConfig.MAX_LOOKUP_TOKENS),
+                   help="hybrid drafting: the longest prompt-lookup chain grafted onto each tree (0 = off; "
+                        f"default {TreeConfig().lookup_tokens})")
+    p.add_argument("--lookup-ngram", type=T.integer(1, TreeConfig.MAX_LOOKUP_NGRAM),
+                   help=f"the longest context suffix the lookup matches (default {TreeConfig().lookup_ngram})")
     p.add_argument("--chain", action="store_true", help="draft a chain (topk 1) of --depth tokens")
     p.add_argument("--attention", choices=["tree", "sdpa"], default="tree")
     p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
@@ -116,7 +123,7 @@ def _add_generate(sub) -> None:
 
 def _run_generate(args) -> int:
     from .distributed import init_from_env, rank, shutdown
-    from .engine.run import GenerateRequest, run_generate
+    from .engine.run import GenerateRequest, output_ok, run_generate
 
     init_from_env(args.tp_timeout)  # a no-op outside torchrun
     if args.prompt is None and args.prompt_file is None:
@@ -128,7 +135,8 @@ def _run_generate(args) -> int:
     request = GenerateRequest(target=args.target, draft=args.draft, prompt=prompt,
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, depth=args.depth, topk=args.topk,
-                              num_draft_tokens=args.num_draft_tokens, chain=args.chain, attention=args.attention,
+                              num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
+                              lookup_ngram=args.lookup_ngram, chain=args.chain, attention=args.attention,
                               seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture)
     this_rank = rank()
@@ -139,22 +147,34 @@ def _run_generate(args) -> int:
         raise
     shutdown()
     if this_rank != 0:  # only rank 0 reports
-        return 0 if report.get("identical") is not False else 1
+        return 0 if output_ok(report) else 1
     if args.json:
         print(json.dumps(report))
     else:  # the completion was streamed to stdout as it was accepted
         print("", file=sys.stderr)
         tree = report["tree"]
-        line = (f"tree depth {tree['depth']} topk {tree['topk']} nodes {tree['num_draft_tokens']}: "
+        lookup = (f" lookup {tree['lookup_tokens']} ({report['lookup_accepted']} of {report['lookup_proposed']} "
+                  "lookup tokens accepted)" if tree["lookup_tokens"] else "")
+        line = (f"tree depth {tree['depth']} topk {tree['topk']} nodes {tree['num_draft_tokens']}{lookup}: "
                 f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards, acceptance length "
                 f"{report['acceptance_length']:.2f}, {report['tokens_per_s']:.1f} tokens/s")
         if args.baseline:
             line += (f"; plain decoding {report['baseline_tokens_per_s']:.1f} tokens/s, speedup "
                      f"{report['speedup']:.2f}x")
             if report.get("identical") is not None:
-                line += ", outputs identical" if report["identical"] else ", OUTPUTS DIFFER"
+                line += ", outputs identical" if report["identical"] else _divergence_text(report.get("divergence"))
         print(line, file=sys.stderr)
-    return 0 if report.get("identical") is not False else 1
+    return 0 if output_ok(report) else 1
+
+
+def _divergence_text(d) -> str:
+    if d is None:
+        return ", OUTPUTS DIFFER"
+    where = (f"new token {d['position']} ({d['tokens'][0]} against {d['tokens'][1]}, fp32 logit margin "
+             f"{d['margin']:.4f}, near-tie bound {d['bound']:.4f})")
+    if d["near_tie"]:
+        return f", outputs identical up to a near-tie of the target's top two logits at {where}"
+    return f", OUTPUTS DIFFER at {where}: not a near-tie"
 
 
 def _add_doctor(sub) -> None:
@@ -219,9 +239,11 @@ def _add_bench(sub) -> None:
     p.add_argument("--num-prompts", type=T.integer(1), help="use only the first N prompts (e.g. to keep a sweep short)")
     p.add_argument("--max-new-tokens", type=T.integer(1), default=128)
     p.add_argument("--batch-sizes", type=T.integer(1), nargs="+", default=[1, 4])
-    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES",
-                   help="tree configurations to run (default: chain5, 5,4,16 and 6,8,32)")
-    p.add_argument("--sweep", action="store_true", help="try a grid of depth / topk / num_draft_tokens at batch 1")
+    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES[,LOOKUP]",
+                   help="tree configurations to run, LOOKUP the lookup_tokens (default 0) (default: chain5, 5,4,16, "
+                        "chain5 with lookup 10 and 5,2,16,10)")
+    p.add_argument("--sweep", action="store_true",
+                   help="try a grid of depth / topk / num_draft_tokens / lookup at batch 1")
     p.add_argument("--out", type=T.output_directory, default="bench-results/e2e",
                    help="directory for bench.json, bench.md, bench.png")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES),
@@ -237,11 +259,13 @@ def _parse_trees(specs):
     trees = {}
     for spec in specs:
         try:
-            depth, topk, nodes = (int(x) for x in spec.split(","))
+            values = [int(x) for x in spec.split(",")]
+            if len(values) not in (3, 4):
+                raise ValueError
         except ValueError:
-            raise ValueError(f"--tree takes DEPTH,TOPK,NODES, got {spec!r}") from None
-        name = f"chain{depth}" if topk == 1 else f"tree{depth}x{topk}n{nodes}"
-        trees[name] = TreeConfig(depth, topk, nodes)
+            raise ValueError(f"--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, got {spec!r}") from None
+        tree = TreeConfig(*values[:3], lookup_tokens=values[3] if len(values) == 4 else 0)
+        trees[tree.name] = tree
     return trees
 
 

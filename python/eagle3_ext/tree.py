@@ -8,6 +8,8 @@ The data flow of one speculative round:
 2. ``build_draft_tree``: keeps the best ``num_draft_tokens - 1`` candidates of all steps
    (plus the root) and builds the tree with ``eagle3.build_tree_kernel_efficient``:
    a ``DraftTree`` with tokens, attention mask, positions and retrieve lists.
+   With hybrid drafting, ``graft_chains`` then hangs each request's prompt-lookup chain
+   under the deepest tree node that already matches it.
 3. The target runs over ``DraftTree.draft_tokens`` with ``tree_mask`` and ``positions``.
 4. ``verify_greedy`` or ``verify_sampling`` walks the tree against the target's output and
    returns a ``VerifyResult``: the accepted tokens of every request (bonus token included).
@@ -163,6 +165,81 @@ def build_draft_tree(
     )
     return DraftTree(draft, tree_mask, positions, *retrive, topk=topk, depth=depth,
                      tree_mask_mode=tree_mask_mode)
+
+
+def graft_chains(tree: DraftTree, chains: Sequence[Sequence[int]], budgets: Sequence[int]) -> Tuple[DraftTree,
+                                                                                                     List[List[int]]]:
+    """The tree with a token chain per request grafted on (hybrid drafting: a prompt-lookup
+    continuation of the root).
+
+    ``chains[b]`` continues request b's root. The part of it the tree already holds (a path of
+    matching tokens from the root) is shared; at most ``budgets[b]`` further tokens are added as
+    new nodes under the deepest shared node. Requests that add fewer nodes than the longest
+    addition get padding nodes that attend only to the root and themselves and that no
+    ``retrive_*`` list reaches, so they are never accepted. Needs tree_mask_mode 1.
+
+    Returns (the new tree, per request the chain as placed: shared part plus added nodes).
+    """
+    if tree.tree_mask_mode != 1:
+        raise ValueError(f"graft_chains needs tree_mask_mode 1, got {tree.tree_mask_mode}")
+    bs, n = tree.batch_size, tree.num_draft_tokens
+    tokens = tree.draft_tokens.tolist()
+    first_child = tree.retrive_next_token.tolist()
+    sibling = tree.retrive_next_sibling.tolist()
+    attach, added, placed = [], [], []
+    for b in range(bs):
+        chain, node, shared = list(chains[b]), 0, 0
+        while shared < len(chain):  # follow the chain down the tree while its tokens are there
+            child = first_child[b][node]
+            while child != -1 and tokens[b][child] != chain[shared]:
+                child = sibling[b][child]
+            if child == -1:
+                break
+            node, shared = child, shared + 1
+        attach.append(node)
+        added.append(chain[shared:shared + max(0, budgets[b])])
+        placed.append(chain[:shared + len(added[-1])])
+    extra = max(len(a) for a in added)
+    if extra == 0:
+        return tree, placed
+    m = n + extra
+    device = tree.draft_tokens.device
+    old_mask = tree.tree_mask.view(bs, n, n)
+    old_pos = tree.positions.view(bs, n)
+    mask = torch.zeros(bs, m, m, dtype=torch.bool, device=device)
+    mask[:, :n, :n] = old_mask
+    mask[:, n:, 0] = True
+    idx = torch.arange(n, m, device=device)
+    mask[:, idx, idx] = True                                   # every added node sees itself
+    positions = torch.cat([old_pos, (old_pos[:, :1] + 1).expand(bs, extra)], dim=1).clone()
+    new_tokens = torch.cat([tree.draft_tokens, tree.draft_tokens[:, :1].expand(bs, extra)], dim=1).clone()
+    next_token = torch.full((bs, m), -1, dtype=torch.long)
+    next_sibling = torch.full((bs, m), -1, dtype=torch.long)
+    next_token[:, :n] = torch.tensor(first_child)
+    next_sibling[:, :n] = torch.tensor(sibling)
+    depth = tree.depth
+    for b in range(bs):
+        k = len(added[b])
+        if k == 0:
+            continue
+        a = attach[b]
+        rows = torch.arange(n, n + k, device=device)
+        mask[b, rows, :n] = old_mask[b, a]                     # the attach node's ancestors and itself
+        mask[b, n:n + k, n:n + k] = torch.ones(k, k, dtype=torch.bool, device=device).tril()
+        positions[b, n:n + k] = old_pos[b, a] + 1 + torch.arange(k, device=device)
+        new_tokens[b, n:n + k] = torch.tensor(added[b], device=device)
+        if first_child[b][a] == -1:                            # the chain's first node: a's last child
+            next_token[b, a] = n
+        else:
+            last = first_child[b][a]
+            while sibling[b][last] != -1:
+                last = sibling[b][last]
+            next_sibling[b, last] = n
+        next_token[b, n:n + k - 1] = torch.arange(n + 1, n + k)
+        depth = max(depth, int(old_pos[b, a] - old_pos[b, 0]) + k)
+    index = torch.arange(bs * m, device=device).view(bs, m)
+    return DraftTree(new_tokens, mask.flatten(), positions.flatten(), index, next_token.to(device),
+                     next_sibling.to(device), topk=tree.topk, depth=depth, tree_mask_mode=1), placed
 
 
 def _outputs(tree: DraftTree) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

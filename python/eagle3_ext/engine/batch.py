@@ -2,7 +2,8 @@
 ``round`` until every request is done, each ending in ``emit``.
 
 One round, per the module layout of this package: capture (hooks on the target) -> fc
-(``draft.project_aux``) -> draft tree (``drafting``) -> verify (``TargetRunner.verify``, the
+(``draft.project_aux``) -> draft tree (``drafting``, plus the lookup chains of ``lookup``
+grafted on) -> verify (``TargetRunner.verify``, the
 logits processors at every node, ``tree.verify_greedy`` / ``verify_sampling``) -> accept ->
 compact (``TargetRunner.commit`` and the draft cache's ``keep``). Finished requests leave the
 batch; the rest keep their rows, ``active[row]`` naming the request of each row.
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
-from ..tree import verify_greedy, verify_sampling
+from ..tree import DraftTree, graft_chains, verify_greedy, verify_sampling
 from .config import filtered_probs
-from .drafting import DraftInputs, build_tree, draft_steps, extend
+from .drafting import DraftInputs, build_tree, candidate_scores, draft_steps, extend
+from .lookup import NgramLookup, draft_nodes_to_keep
 from .processors import process_next, process_tree
 from .settings import GenerateSettings
 from .stats import GenerationStats
@@ -33,6 +35,7 @@ class Request:
     new: List[int] = field(default_factory=list)
     reason: str = ""
     checked: int = 0          # new tokens already looked at by the stop rule
+    lookup: Optional[NgramLookup] = None   # hybrid drafting's n-gram index over prompt + new
 
     @property
     def finished(self) -> bool:
@@ -51,6 +54,11 @@ class Batch:
         self.requests = [Request(p, StopRule(settings.new_tokens_for(len(p)), settings.eos_token_ids,
                                              settings.stop_strings, settings.tokenizer)) for p in prompts]
         self.active = list(range(len(prompts)))
+        tree = generator.tree
+        if tree.lookup_tokens:
+            for r in self.requests:
+                r.lookup = NgramLookup(tree.lookup_ngram, tree.lookup_tokens)
+                r.lookup.tokens.extend(r.prompt)
         self.stats = GenerationStats(depth_accepted=[0] * generator.tree.depth)
         self.runner = TargetRunner(generator.target, generator.capture, generator.use_tree_attention)
         self.roots: Optional[torch.Tensor] = None
@@ -90,7 +98,9 @@ class Batch:
             positions=torch.arange(longest, device=self.device).expand(b, longest), counts=lengths)
         tree = self.gen.tree
         most_new = max(r.rule.limit for r in self.requests)
-        capacity = longest + most_new + 2 * (tree.depth + 1) + tree.depth * tree.topk + 8
+        # Committed pairs may overshoot the limit by one round's accepted tokens; the tree's
+        # draft steps add depth * topk uncommitted ones.
+        capacity = longest + most_new + 2 * (tree.depth + 1 + tree.lookup_tokens) + tree.depth * tree.topk + 8
         self.dcache = self.gen.draft.new_cache(b, capacity, device=self.device)
         self.roots = roots
         for i, token in enumerate(roots.tolist()):
@@ -105,7 +115,7 @@ class Batch:
         steps = draft_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree)
         self.dcache.rollback()
         t1 = time.perf_counter()
-        tree = build_tree(self.roots, self.runner.seq_lens, steps, gen.tree)
+        tree, placed = self._tree(steps)
         t2 = time.perf_counter()
         vout = self.runner.verify(tree)
         t3 = time.perf_counter()
@@ -128,8 +138,13 @@ class Batch:
             tokens[row, :len(accepted)] = torch.tensor(accepted, device=self.device)
             stats.request_rounds += 1
             stats.accepted_drafts += len(accepted) - 1
+            if len(accepted) - 1 > len(stats.depth_accepted):  # a lookup chain reached deeper
+                stats.depth_accepted += [0] * (len(accepted) - 1 - len(stats.depth_accepted))
             for d in range(len(accepted) - 1):
                 stats.depth_accepted[d] += 1
+            if placed is not None and placed[row]:
+                stats.lookup_proposed += len(placed[row])
+                stats.lookup_accepted += self.requests[self.active[row]].lookup.record(placed[row], accepted)
             self.emit(self.active[row], accepted)
         positions = (self.runner.seq_lens - counts)[:, None] + torch.arange(m, device=self.device)
         self.inputs = DraftInputs(gen.draft.project_aux(node_features), tokens, positions, counts)
@@ -155,10 +170,31 @@ class Batch:
         if stop is not None:
             keep, r.reason = stop
             del r.new[keep:]
+        if r.lookup is not None:
+            r.lookup.tokens.extend(r.new[before:])
         if self.settings.streamer is not None and len(r.new) > before:
             self._stream(request, r.new[before:])
 
     # --- helpers ------------------------------------------------------------------------------
+    def _tree(self, steps) -> Tuple[DraftTree, Optional[List[List[int]]]]:
+        """The round's tree: the draft's best candidates, and with lookup on, each request's
+        lookup chain grafted on, the node budget split between the two by estimated acceptance.
+        Returns the tree and the chain placed per row (None without lookup)."""
+        cfg, seq_lens = self.gen.tree, self.runner.seq_lens
+        budget = cfg.num_draft_tokens - 1
+        drafted = min(budget, cfg.draft_candidates)
+        lookups = [self.requests[i].lookup for i in self.active]
+        chains = [lk.propose() for lk in lookups] if cfg.lookup_tokens else []
+        if not any(chains):
+            return build_tree(self.roots, seq_lens, steps, drafted + 1), None
+        keep = draft_nodes_to_keep(candidate_scores(steps, drafted), [lk.scores(len(c)) for lk, c in
+                                                                      zip(lookups, chains)], budget)
+        # One tree width for the batch: the draft part as wide as the row that wants most of it,
+        # the chains in what is left, so a verify never exceeds num_draft_tokens per row.
+        n_draft = max(1, max(keep))
+        tree = build_tree(self.roots, seq_lens, steps, n_draft + 1)
+        return graft_chains(tree, chains, [budget - n_draft] * len(chains))
+
     def _select(self, scores: torch.Tensor) -> torch.Tensor:
         sampling = self.settings.sampling
         if sampling.greedy:

@@ -26,11 +26,12 @@ from .config import TreeConfig
 from .stats import GenerationStats
 
 
-DEFAULT_CONFIGS = {"chain5": TreeConfig.chain(5), "tree5x4n16": TreeConfig(5, 4, 16),
-                   "tree6x8n32": TreeConfig(6, 8, 32)}
+DEFAULT_CONFIGS = {c.name: c for c in (TreeConfig.chain(5), TreeConfig(5, 4, 16, lookup_tokens=0),
+                                        TreeConfig.chain(5, lookup_tokens=10), TreeConfig())}
 SWEEP_DEPTHS = (2, 3, 4, 5, 6, 8)
 SWEEP_TOPKS = (1, 2, 4, 8)
 SWEEP_NODES = (4, 8, 16, 32, 64)
+SWEEP_LOOKUPS = (0, 10)
 
 
 @dataclass
@@ -140,12 +141,37 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gen
                       "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": s.tokens_per_s,
                       "speedup": s.tokens_per_s / (base_tokens / base_time),
                       "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
-                      "identical": outputs == base_outputs}
+                      "lookup_tokens": gen.tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
+                      "lookup_accepted": s.lookup_accepted, **_compare(target, tok, prompts, outputs, base_outputs)}
         if progress:
             print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
-                  f"acceptance length {s.acceptance_length:.2f}, identical {rows[name]['identical']}",
+                  f"acceptance length {s.acceptance_length:.2f}, identical {_identical_cell(rows[name])}",
                   file=sys.stderr, flush=True)
     return {"batch_size": bs, "results": list(rows.values())}
+
+
+def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: List[List[int]]) -> Dict[str, Any]:
+    """{"identical"}, and where outputs differ, each prompt's first divergence with its fp32 margin
+    ("divergences") and whether every one is a near-tie ("lossless")."""
+    from .divergence import first_divergence
+
+    if ours == theirs:
+        return {"identical": True, "lossless": True}
+    found = []
+    for i, (prompt, a, b) in enumerate(zip(prompts, ours, theirs)):
+        d = first_divergence(target, tok(prompt).input_ids, a, b)
+        if d is not None:
+            found.append({"prompt": i, **d})
+    return {"identical": not found, "lossless": all(d["near_tie"] for d in found), "divergences": found}
+
+
+def _identical_cell(row: Dict[str, Any]) -> str:
+    if row["identical"]:
+        return "yes"
+    if row.get("lossless"):
+        worst = max(row["divergences"], key=lambda d: d["margin"])
+        return f"near-tie ({len(row['divergences'])} prompts, margin <= {worst['margin']:.3f})"
+    return "NO"
 
 
 def _bundled_prompts() -> List[str]:
@@ -165,7 +191,7 @@ def markdown(report: Dict[str, Any]) -> str:
             acc = "-" if r.get("acceptance_length") is None else f"{r['acceptance_length']:.2f}"
             depth = " ".join(f"{a:.2f}" for a in r.get("depth_acceptance", [])) or "-"
             lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} | {depth} | "
-                         f"{'yes' if r['identical'] else 'NO'} |")
+                         f"{_identical_cell(r)} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -208,19 +234,24 @@ def write_outputs(report: Dict[str, Any], out: str) -> None:
     plot(report, os.path.join(out, "bench.png"))
 
 
-def sweep_configs(depths=SWEEP_DEPTHS, topks=SWEEP_TOPKS, nodes=SWEEP_NODES) -> Dict[str, TreeConfig]:
-    """Every valid (depth, topk, num_draft_tokens) of the grid; chains once per depth."""
+def sweep_configs(depths=SWEEP_DEPTHS, topks=SWEEP_TOPKS, nodes=SWEEP_NODES,
+                  lookups=SWEEP_LOOKUPS) -> Dict[str, TreeConfig]:
+    """Every valid (depth, topk, num_draft_tokens, lookup_tokens) of the grid; chains once per
+    depth and lookup length."""
     out: Dict[str, TreeConfig] = {}
-    for d in depths:
-        out[f"chain{d}"] = TreeConfig.chain(d)
-        for k in topks:
-            if k == 1:
-                continue
-            for n in nodes:
-                try:
-                    out[f"tree{d}x{k}n{n}"] = TreeConfig(d, k, n)
-                except ValueError:
+    for lookup in lookups:
+        for d in depths:
+            chain = TreeConfig.chain(d, lookup)
+            out[chain.name] = chain
+            for k in topks:
+                if k == 1:
                     continue
+                for n in nodes:
+                    try:
+                        tree = TreeConfig(d, k, n, lookup_tokens=lookup)
+                    except ValueError:
+                        continue
+                    out[tree.name] = tree
     return out
 
 

@@ -15,32 +15,58 @@ class TreeConfig:
     topk: children kept per frontier node and frontier width (1 = a chain).
     num_draft_tokens: tree nodes sent to the target per round, root included
         (at most 1 + topk + (depth - 1) * topk^2 and MAX_NODES; a chain uses depth + 1).
+    lookup_tokens: hybrid drafting: the longest prompt-lookup chain (a copy of what followed
+        the last earlier occurrence of the context's suffix) grafted onto the tree each round;
+        0 turns lookup off. The chain competes with the draft's candidates for the same
+        num_draft_tokens - 1 nodes, ranked by estimated acceptance (see engine/lookup.py).
+    lookup_ngram: the longest suffix matched (it tries lookup_ngram tokens down to 1).
     """
 
+    # The defaults are the fastest lossless setting measured on the bundled pair on 2 CPU cores
+    # (fp32, batch 1, eval prompts and held-out code; see docs/bundled_models.md).
     depth: int = 5
-    topk: int = 4
+    topk: int = 2
     num_draft_tokens: int = 16
+    lookup_tokens: int = 10
+    lookup_ngram: int = 3
 
     # A draft step is one draft forward, so depth bounds a round's cost; 1024 nodes is what the
     # CUDA tree builder and the CPU windowed attention take.
     MAX_DEPTH = 64
     MAX_TOPK = 64
     MAX_NODES = 1024
+    MAX_LOOKUP_TOKENS = 64
+    MAX_LOOKUP_NGRAM = 16
 
     def __post_init__(self) -> None:
+        integer("TreeConfig.lookup_tokens", self.lookup_tokens, 0, self.MAX_LOOKUP_TOKENS)
+        integer("TreeConfig.lookup_ngram", self.lookup_ngram, 1, self.MAX_LOOKUP_NGRAM)
         integer("TreeConfig.depth", self.depth, 1, self.MAX_DEPTH)
         integer("TreeConfig.topk", self.topk, 1, self.MAX_TOPK)
-        most = min(1 + self.topk + (self.depth - 1) * self.topk * self.topk, self.MAX_NODES)
+        most = min(1 + self.draft_candidates + self.lookup_tokens, self.MAX_NODES)
         try:
             integer("TreeConfig.num_draft_tokens", self.num_draft_tokens, 2, most)
         except ValueError as e:
             raise ValueError(f"{e}: the root and the drafted candidates, at most 1 + topk + (depth - 1) * topk^2 "
-                             f"for depth={self.depth}, topk={self.topk}, and never more than "
+                             f"(+ lookup_tokens) for depth={self.depth}, topk={self.topk}, and never more than "
                              f"{self.MAX_NODES}") from None
 
+    @property
+    def draft_candidates(self) -> int:
+        """Candidates the draft steps produce per round: topk, then topk^2 per further step."""
+        return self.topk + (self.depth - 1) * self.topk * self.topk
+
     @classmethod
-    def chain(cls, depth: int) -> "TreeConfig":
-        return cls(depth=depth, topk=1, num_draft_tokens=depth + 1)
+    def chain(cls, depth: int, lookup_tokens: int = 0) -> "TreeConfig":
+        """A chain of ``depth`` draft tokens; with lookup, room for a lookup chain beside it."""
+        return cls(depth=depth, topk=1, num_draft_tokens=depth + 1 + lookup_tokens, lookup_tokens=lookup_tokens)
+
+    @property
+    def name(self) -> str:
+        """A short label: chain5, tree5x4n16, with +lookup10 when lookup is on."""
+        base = (f"chain{self.depth}" if self.topk == 1 and self.num_draft_tokens == self.depth + 1 + self.lookup_tokens
+                else f"tree{self.depth}x{self.topk}n{self.num_draft_tokens}")
+        return base + (f"+lookup{self.lookup_tokens}" if self.lookup_tokens else "")
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,13 @@ def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch
     return steps
 
 
-def build_tree(roots: torch.Tensor, seq_lens: torch.Tensor, steps: List[DraftStep], tree: TreeConfig) -> DraftTree:
-    """Keeps the best num_draft_tokens - 1 candidates under the roots [B] (eagle3 op)."""
-    return build_draft_tree(roots, seq_lens, steps, tree.num_draft_tokens, tree_mask_mode=1)
+def build_tree(roots: torch.Tensor, seq_lens: torch.Tensor, steps: List[DraftStep], num_nodes: int) -> DraftTree:
+    """Keeps the best num_nodes - 1 candidates under the roots [B] (eagle3 op)."""
+    return build_draft_tree(roots, seq_lens, steps, num_nodes, tree_mask_mode=1)
+
+
+def candidate_scores(steps: List[DraftStep], count: int) -> List[List[float]]:
+    """Per request, the ``count`` best candidates' scores (cumulative draft probabilities),
+    descending: the ranking build_tree keeps."""
+    scores = torch.cat([s.scores.flatten(1) for s in steps], dim=1)
+    return torch.topk(scores.float(), min(count, scores.shape[1]), dim=-1).values.tolist()

@@ -24,6 +24,8 @@ class GenerateRequest:
     depth: Optional[int] = None
     topk: Optional[int] = None
     num_draft_tokens: Optional[int] = None
+    lookup_tokens: Optional[int] = None  # 0: hybrid drafting off
+    lookup_ngram: Optional[int] = None
     chain: bool = False
     attention: str = "tree"
     seed: int = 0
@@ -53,16 +55,19 @@ class GenerateRequest:
         "the default")."""
         default = TreeConfig()
         depth = default.depth if self.depth is None else self.depth
+        lookup = default.lookup_tokens if self.lookup_tokens is None else self.lookup_tokens
+        ngram = default.lookup_ngram if self.lookup_ngram is None else self.lookup_ngram
         if self.chain:
             if self.topk not in (None, 1):
                 raise ValueError(f"--chain drafts with topk 1, got --topk {self.topk}")
-            if self.num_draft_tokens not in (None, depth + 1):
-                raise ValueError(f"--chain verifies depth + 1 = {depth + 1} tokens, got --num-draft-tokens "
-                                 f"{self.num_draft_tokens}")
-            return TreeConfig.chain(depth)
+            if self.num_draft_tokens not in (None, depth + 1 + lookup):
+                raise ValueError(f"--chain verifies depth + 1 + lookup tokens = {depth + 1 + lookup} tokens, got "
+                                 f"--num-draft-tokens {self.num_draft_tokens}")
+            return TreeConfig(depth=depth, topk=1, num_draft_tokens=depth + 1 + lookup, lookup_tokens=lookup,
+                              lookup_ngram=ngram)
         return TreeConfig(depth=depth, topk=default.topk if self.topk is None else self.topk,
                           num_draft_tokens=default.num_draft_tokens if self.num_draft_tokens is None
-                          else self.num_draft_tokens)
+                          else self.num_draft_tokens, lookup_tokens=lookup, lookup_ngram=ngram)
 
 
 def resolve_models(target: Optional[str], draft: Optional[str]):
@@ -108,7 +113,9 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "target_forwards": stats.target_forwards, "acceptance_length": stats.acceptance_length,
         "depth_acceptance": stats.depth_acceptance, "tokens_per_s": stats.tokens_per_s,
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
-        "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens},
+        "lookup_proposed": stats.lookup_proposed, "lookup_accepted": stats.lookup_accepted,
+        "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens,
+                 "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram},
         "finish_reason": out.finish_reasons[0], "target": target_dir, "draft": draft_dir,
         "world_size": tp.world_size(),
         "attention": gen.attention_path,
@@ -138,4 +145,15 @@ def baseline(target, tokenizer, prompt: str, req: GenerateRequest, tokens, spec_
     result: Dict[str, Any] = {"baseline_tokens_per_s": len(new) / elapsed, "baseline_time_s": elapsed,
                               "speedup": elapsed / spec_time_s * len(tokens) / max(1, len(new))}
     result["identical"] = (new[: len(tokens)] == tokens) if not sampled else None
+    if result["identical"] is False:
+        from .divergence import first_divergence
+        result["divergence"] = first_divergence(target, tokenizer(prompt).input_ids, tokens, new)
     return result
+
+
+def output_ok(report: Dict[str, Any]) -> bool:
+    """Greedy outputs equal plain decoding's, or leave it only at a near-tie (bf16 / fp16)."""
+    if report.get("identical") is not False:
+        return True
+    divergence = report.get("divergence")
+    return bool(divergence and divergence["near_tie"])

@@ -19,6 +19,8 @@ class GenerationStats:
     request_rounds: int = 0
     accepted_drafts: int = 0
     depth_accepted: List[int] = field(default_factory=list)
+    lookup_proposed: int = 0          # hybrid drafting: lookup-chain tokens placed in trees
+    lookup_accepted: int = 0          # ... and of those, accepted (the target's own token counts)
     draft_time_s: float = 0.0         # draft forwards (extend + tree steps)
     tree_build_time_s: float = 0.0    # choosing the nodes and building the tree
     verify_time_s: float = 0.0        # the target's verify forward
