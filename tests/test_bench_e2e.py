@@ -29,6 +29,11 @@ def test_bench_writes_json_markdown_and_plot(pair, capsys):
     for run in report["runs"]:
         for r in run["results"]:
             assert r["tokens_per_s"] > 0
+            if r["method"] not in ("hf_generate", "hf_prompt_lookup"):
+                cost = r["round_cost"]
+                assert cost["r"] > 0 and cost["decode_step_ms"] > 0
+                parts = sum(cost[k] for k in ("draft", "tree", "verify", "accept", "compact", "other"))
+                assert parts == pytest.approx(cost["r"])  # the parts account for the whole round
             if r["method"] != "hf_generate":  # (the baseline is what the others are compared with)
                 assert r["identical"] is True  # greedy: the same tokens as plain generate
             if r["method"].startswith(("chain", "tree")):
@@ -89,3 +94,16 @@ def test_draft_runs_in_its_own_dtype(pair, capsys):
     cfg.draft_dtype = "int8"
     with pytest.raises(ValueError, match="draft_dtype must be one of float32, bfloat16, float16, got 'int8'"):
         run_bench(cfg, progress=False)
+
+
+def test_round_cost_is_counted_in_decode_steps():
+    from eagle3_ext.engine.bench import round_cost
+    from eagle3_ext.engine.stats import GenerationStats
+
+    s = GenerationStats(rounds=10, draft_time_s=0.2, tree_build_time_s=0.01, verify_time_s=0.5, accept_time_s=0.02,
+                        compact_time_s=0.03, guard_time_s=0.04, total_time_s=1.0)
+    cost = round_cost(s, decode_step_s=0.02)           # a round takes 0.1 s: five decode steps
+    assert cost["r"] == pytest.approx(5.0)
+    assert cost["verify"] == pytest.approx(2.5) and cost["draft"] == pytest.approx(1.0)
+    assert cost["other"] == pytest.approx((1.0 - 0.76) / 10 / 0.02)  # all but the five timed parts
+    assert cost["decode_step_ms"] == pytest.approx(20.0)

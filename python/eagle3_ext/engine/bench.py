@@ -112,12 +112,14 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gen
     """Every method at batch size ``bs``: {"batch_size", "results"}."""
     groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
     rows: Dict[str, Dict[str, Any]] = {}
-    base_tokens, base_time, base_outputs = 0, 0.0, []
+    base_tokens, base_time, base_outputs, base_steps = 0, 0.0, [], 0
     for group in groups:
         out, t = hf_generate(target, tok, group, cfg.max_new_tokens)
         base_outputs += out
         base_tokens += sum(len(o) for o in out)
+        base_steps += max(len(o) for o in out)  # one forward per new token of the longest row
         base_time += t
+    decode_step_s = base_time / max(1, base_steps)
     rows["hf_generate"] = {"method": "hf_generate", "tokens_per_s": base_tokens / base_time, "speedup": 1.0,
                            "acceptance_length": 1.0, "identical": True}
     if bs == 1:
@@ -142,12 +144,28 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gen
                       "speedup": s.tokens_per_s / (base_tokens / base_time),
                       "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
                       "lookup_tokens": gen.tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
-                      "lookup_accepted": s.lookup_accepted, **_compare(target, tok, prompts, outputs, base_outputs)}
+                      "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s),
+                      **_compare(target, tok, prompts, outputs, base_outputs)}
         if progress:
             print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
-                  f"acceptance length {s.acceptance_length:.2f}, identical {_identical_cell(rows[name])}",
-                  file=sys.stderr, flush=True)
+                  f"acceptance length {s.acceptance_length:.2f}, round {_cost_cell(rows[name]['round_cost'])}, "
+                  f"identical {_identical_cell(rows[name])}", file=sys.stderr, flush=True)
     return {"batch_size": bs, "results": list(rows.values())}
+
+
+def round_cost(stats: GenerationStats, decode_step_s: float) -> Dict[str, float]:
+    """A round's cost in plain decode steps of the same run (r = round time / decode-step time,
+    the decode step being plain generate's time per forward at the same batch size), and its
+    parts: draft forwards, tree building (and lookup grafting), the verify forward, acceptance,
+    KV compaction, and the rest (prefill, the capture guard, bookkeeping), each per round."""
+    rounds = max(1, stats.rounds)
+    parts = {"draft": stats.draft_time_s, "tree": stats.tree_build_time_s, "verify": stats.verify_time_s,
+             "accept": stats.accept_time_s, "compact": stats.compact_time_s,
+             "other": stats.other_time_s + stats.guard_time_s}
+    out = {name: t / rounds / decode_step_s for name, t in parts.items()}
+    out["r"] = stats.total_time_s / rounds / decode_step_s
+    out["decode_step_ms"] = decode_step_s * 1e3
+    return out
 
 
 def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: List[List[int]]) -> Dict[str, Any]:
@@ -163,6 +181,11 @@ def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: Lis
         if d is not None:
             found.append({"prompt": i, **d})
     return {"identical": not found, "lossless": all(d["near_tie"] for d in found), "divergences": found}
+
+
+def _cost_cell(cost: Dict[str, float]) -> str:
+    parts = " + ".join(f"{name} {cost[name]:.2f}" for name in ("draft", "tree", "verify", "accept", "compact", "other"))
+    return f"r {cost['r']:.2f} = {parts}"
 
 
 def _identical_cell(row: Dict[str, Any]) -> str:
@@ -185,13 +208,15 @@ def markdown(report: Dict[str, Any]) -> str:
              f"{report.get('dtype', '?')}, draft {report.get('draft_dtype', '?')}.", ""]
     for run in report["runs"]:
         lines += [f"**batch {run['batch_size']}**", "",
-                  "| method | tokens/s | speedup vs HF generate | acceptance length | per-depth acceptance | identical |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "| method | tokens/s | speedup vs HF generate | acceptance length | per-depth acceptance | "
+                  "round cost in decode steps | identical |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in run["results"]:
             acc = "-" if r.get("acceptance_length") is None else f"{r['acceptance_length']:.2f}"
             depth = " ".join(f"{a:.2f}" for a in r.get("depth_acceptance", [])) or "-"
+            cost = _cost_cell(r["round_cost"]) if "round_cost" in r else "-"
             lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} | {depth} | "
-                         f"{_identical_cell(r)} |")
+                         f"{cost} | {_identical_cell(r)} |")
         lines.append("")
     return "\n".join(lines)
 
