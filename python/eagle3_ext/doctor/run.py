@@ -34,7 +34,7 @@ from .. import validation
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import config_fix, describe_fix, resolve_aux_layer_ids, target_dims
 from ..draft.checkpoint import FINGERPRINT_NAME, config_from_dict, read_checkpoint
-from ..engine.loading import check_draft_dir, check_target_dir, load_target, load_tokenizer
+from ..engine.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
 from .candidates import Setup, candidate_layer_sets, flag_setups, variant
 from .data import SAMPLE_TEXT, EvalData, from_text, self_generated
 from .evidence import paired_difference
@@ -92,9 +92,7 @@ class Doctor:
         self.acceptance_prompts, self.acceptance_tokens = acceptance_prompts, acceptance_tokens
         self.target = load_target(target_dir, dtype).eval()
         self.tokenizer = load_tokenizer(target_dir)
-        context = getattr(self.target.config, "max_position_embeddings", None)
-        if isinstance(context, int) and max_len > context:
-            raise ValueError(f"doctor: max_len {max_len} is longer than the target's context ({context} positions)")
+        check_context(self.target, "doctor: max_len", max_len)
         self.draft_raw, self.draft_format, _ = read_checkpoint(draft_dir)
         self.report = DoctorReport(target=target_dir, draft=draft_dir)
         self.draft: Optional[Eagle3DraftModel] = None

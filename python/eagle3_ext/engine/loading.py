@@ -84,6 +84,14 @@ def load_target(path: str, dtype: Optional[torch.dtype]):
                          f"{type(e).__name__}: {_first_line(e)}") from None
 
 
+def check_context(target, name: str, length: int) -> None:
+    """Raises when ``length`` positions (the argument ``name``) exceed the target's context."""
+    context = getattr(target.config, "max_position_embeddings", None)
+    if isinstance(context, int) and length > context:
+        raise ValueError(f"{name} {length} is longer than the target's context ({context} positions, "
+                         "max_position_embeddings)")
+
+
 def load_tokenizer(path: str):
     """The tokenizer saved with the target at ``path``, with a one-line error when it is missing
     or unreadable."""

@@ -20,7 +20,7 @@ from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
 from ..engine.capture import AuxHiddenCapture
-from ..engine.loading import load_target, load_tokenizer
+from ..engine.loading import check_context, load_target, load_tokenizer
 from .data import batches, collate, load_examples
 from .interrupt import StopRequest
 from .ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
@@ -159,10 +159,7 @@ class Trainer:
         layers, _, vocab = target_dims(self.target.config)
         if len(self.tokenizer) > vocab:
             raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is {vocab}")
-        context = getattr(self.target.config, "max_position_embeddings", None)
-        if isinstance(context, int) and config.max_len > context:
-            raise ValueError(f"max_len {config.max_len} is longer than the target's context ({context} positions, "
-                             "max_position_embeddings)")
+        check_context(self.target, "max_len", config.max_len)
         aux = list(eagle_default_aux_layers(layers)) if config.aux_layers is None else list(config.aux_layers)
 
         examples = load_examples(config.data, self.tokenizer, config.max_len, vocab_size=vocab)
