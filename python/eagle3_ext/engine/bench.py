@@ -171,13 +171,13 @@ def round_cost(stats: GenerationStats, decode_step_s: float) -> Dict[str, float]
 def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: List[List[int]]) -> Dict[str, Any]:
     """{"identical"}, and where outputs differ, each prompt's first divergence with its fp32 margin
     ("divergences") and whether every one is a near-tie ("lossless")."""
-    from .divergence import first_divergence
+    from .divergence import first_divergence, fp32_reference
 
     if ours == theirs:
         return {"identical": True, "lossless": True}
-    found = []
+    found, reference = [], fp32_reference(target)  # one fp32 copy for every prompt
     for i, (prompt, a, b) in enumerate(zip(prompts, ours, theirs)):
-        d = first_divergence(target, tok(prompt).input_ids, a, b)
+        d = first_divergence(target, tok(prompt).input_ids, a, b, reference=reference)
         if d is not None:
             found.append({"prompt": i, **d})
     return {"identical": not found, "lossless": all(d["near_tie"] for d in found), "divergences": found}

@@ -23,18 +23,25 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.flo
 NEAR_TIE_ULPS = 16
 
 
-def first_divergence(target, prompt: Sequence[int], ours: Sequence[int], theirs: Sequence[int]
-                     ) -> Optional[Dict[str, Any]]:
+def fp32_reference(target):
+    """The target itself in fp32, or an fp32 copy of its (rounded) weights."""
+    return target if target.get_input_embeddings().weight.dtype == torch.float32 else copy.deepcopy(target).float()
+
+
+def first_divergence(target, prompt: Sequence[int], ours: Sequence[int], theirs: Sequence[int],
+                     reference=None) -> Optional[Dict[str, Any]]:
     """None if ``ours`` and ``theirs`` agree (one may stop earlier); else {"position": index of the
     first differing new token, "tokens": [ours, theirs] there, "margin": their fp32 logit margin,
-    "bound": the near-tie bound for the target's dtype, "near_tie": margin <= bound}."""
+    "bound": the near-tie bound for the target's dtype, "near_tie": margin <= bound}.
+    ``reference``: ``fp32_reference(target)``, made here when not given (pass it to check
+    several outputs with one copy)."""
     position = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     if position is None:
         return None
     a, b = int(ours[position]), int(theirs[position])
     dtype = target.get_input_embeddings().weight.dtype
     device = target.get_input_embeddings().weight.device
-    fp32 = target if dtype == torch.float32 else copy.deepcopy(target).float()
+    fp32 = fp32_reference(target) if reference is None else reference
     ids = torch.tensor([list(prompt) + list(ours[:position])], device=device)
     with torch.no_grad():
         logits = fp32(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
