@@ -211,8 +211,8 @@ def graft_chains(tree: DraftTree, chains: Sequence[Sequence[int]], budgets: Sequ
     mask[:, n:, 0] = True
     idx = torch.arange(n, m, device=device)
     mask[:, idx, idx] = True                                   # every added node sees itself
-    positions = torch.cat([old_pos, (old_pos[:, :1] + 1).expand(bs, extra)], dim=1).clone()
-    new_tokens = torch.cat([tree.draft_tokens, tree.draft_tokens[:, :1].expand(bs, extra)], dim=1).clone()
+    positions = torch.cat([old_pos, (old_pos[:, :1] + 1).expand(bs, extra)], dim=1)  # cat: a new tensor
+    new_tokens = torch.cat([tree.draft_tokens, tree.draft_tokens[:, :1].expand(bs, extra)], dim=1)
     next_token = torch.full((bs, m), -1, dtype=torch.long)
     next_sibling = torch.full((bs, m), -1, dtype=torch.long)
     next_token[:, :n] = torch.tensor(first_child)
