@@ -19,7 +19,7 @@ import torch
 
 from ..tree import DraftTree, graft_chains, verify_greedy, verify_sampling
 from .config import filtered_probs
-from .drafting import DraftInputs, build_tree, candidate_scores, draft_steps, extend
+from .drafting import DraftInputs, build_tree, candidate_scores, draft_cache_capacity, draft_steps, extend
 from .lookup import NgramLookup, draft_nodes_to_keep
 from .processors import process_next, process_tree
 from .settings import GenerateSettings
@@ -98,10 +98,7 @@ class Batch:
             positions=torch.arange(longest, device=self.device).expand(b, longest), counts=lengths)
         tree = self.gen.tree
         most_new = max(r.rule.limit for r in self.requests)
-        # Committed pairs may overshoot the limit by one round's accepted tokens; the tree's
-        # draft steps add depth * topk uncommitted ones.
-        capacity = longest + most_new + 2 * (tree.depth + 1 + tree.lookup_tokens) + tree.depth * tree.topk + 8
-        self.dcache = self.gen.draft.new_cache(b, capacity, device=self.device)
+        self.dcache = self.gen.draft.new_cache(b, draft_cache_capacity(tree, longest, most_new), device=self.device)
         self.roots = roots
         for i, token in enumerate(roots.tolist()):
             self.emit(i, [int(token)])

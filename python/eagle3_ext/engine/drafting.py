@@ -40,6 +40,13 @@ class DraftInputs:
     counts: torch.Tensor
 
 
+def draft_cache_capacity(tree: TreeConfig, longest_prompt: int, most_new: int) -> int:
+    """Positions the draft's cache is allocated with: committed pairs (which may overshoot the
+    limit by one round's accepted tokens, lookup chain included) plus the depth * topk
+    uncommitted ones a round's draft steps add."""
+    return longest_prompt + most_new + 2 * (tree.depth + 1 + tree.lookup_tokens) + tree.depth * tree.topk + 8
+
+
 def _topk(draft: Eagle3DraftModel, logits: torch.Tensor, k: int):
     probs = logits.float().softmax(-1)
     p, ids = torch.topk(probs, k, dim=-1)
