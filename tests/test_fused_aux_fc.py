@@ -36,13 +36,14 @@ def test_matches_reference(device, dtype, k, rows, hidden, bias):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 24, 25, 33, 64, 65, 129],
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 24, 25, 32, 33, 64, 65, 100, 128, 129],
                          ids=lambda t: f"T{t}")
 def test_kernel_paths_and_tile_edges(device, dtype, rows):
     # Row counts around the CPU streaming kernel's tiles and thresholds (bf16 streams up to
     # 24 rows, runs the transposed GEMM up to 64, the row-tile GEMM beyond) and the CUDA
-    # decode / prefill tiles; 67 output features leave partial feature tiles; H=136 is a
-    # multiple of 8 (vector path on CUDA) but not of 16 or 32 (masked tails on CPU).
+    # decode tiles (one tile of 16 / 32 / 64 / 128 rows up to T = 128) and the prefill tile
+    # beyond; 67 output features leave partial feature tiles; H=136 is a multiple of 8 (vector
+    # path on CUDA) but not of 16 or 32 (masked tails on CPU).
     aux, weight, b = make_inputs(3, rows, 136, 67, dtype, device)
     check_against_reference(aux, weight, b)
 
@@ -56,9 +57,11 @@ def test_several_packed_row_tiles(bias):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_split_k_decode_shape(device):
-    # Long K and few rows: the CUDA launcher splits K across CTAs and reduces partials.
-    aux, weight, b = make_inputs(3, 2, 2048, 96, torch.bfloat16, device)
+@pytest.mark.parametrize("rows", [2, 17, 128], ids=lambda t: f"T{t}")
+def test_split_k_decode_shape(device, rows):
+    # Long K and up to 128 rows: the CUDA launcher streams W once (one tile of all the rows),
+    # splits K across CTAs and reduces the partials.
+    aux, weight, b = make_inputs(3, rows, 2048, 96, torch.bfloat16, device)
     check_against_reference(aux, weight, b)
 
 

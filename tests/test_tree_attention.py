@@ -249,6 +249,19 @@ def test_features_opcheck_and_compile(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("paged", [0, 64], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["plain", "sinks"])
+def test_short_prefixes_in_a_large_cache(device, paged, with_sinks):
+    # A cache preallocated far beyond the prefixes (16384 positions for 1000 and 17): on CUDA
+    # each request's KV splits are cut from its real length on the device, so the 1000
+    # positions spread over several splits, the 17 fill only the first, and the merge skips the
+    # splits past each request's end.
+    q, k, v, lens, mask = make_case([1000, 17], 8, 4, 1, 64, torch.bfloat16, device, s_max=16384)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(5)).to(device) if with_sinks else None
+    check_features(q, k, v, lens, mask, 0, 0.0, sinks, paged)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_int64_cache_lens_and_scale(device):
     q, k, v, lens, mask = make_case([7, 19], 5, 4, 2, 64, torch.float32, device, lens_dtype=torch.int64)
     check(q, k, v, lens, mask, scale=0.3)
@@ -339,8 +352,13 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-def test_cuda_graph_capture_and_replay(paged):
-    # Under capture the value checks (which sync) are skipped; replays see new inputs in place.
+@pytest.mark.parametrize("validate", [False, True], ids=["default", "validate"])
+def test_cuda_graph_capture_and_replay(monkeypatch, paged, validate):
+    # No call reads a value back on the host, so the op can be captured (with
+    # EAGLE3_CUDA_VALIDATE=1 the read-back is skipped under capture); replays see new inputs in
+    # place, the KV splits following the new lengths.
+    if validate:
+        monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
     q, k, v, lens, mask = make_case([300, 2000], 8, 8, 2, 128, torch.bfloat16, "cuda", s_max=2048)
     k_pages, table = to_pages(k, 16)
     v_pages, _ = to_pages(v, 16)
@@ -389,15 +407,31 @@ def _no_diagonal(args):
     return _set(args, 4, mask)
 
 
+# Errors in the tensors' values rather than their shapes or dtypes. The CPU entry always raises
+# them; on CUDA the kernel only flags them (no sync) and the entry raises them with
+# EAGLE3_CUDA_VALIDATE=1 (test_cuda_value_errors_raise_only_with_validation).
+VALUE_ERRORS = {
+    "mask-without-diagonal": (
+        _no_diagonal, r"tree_attention: tree_mask\[1, 2, 2\] is False: every tree token must see itself"),
+    "cache-too-small": (
+        lambda a: _set(a, 3, torch.tensor([5, 13], dtype=torch.int32)),
+        r"cache_lens\[1\] = 13 plus the 4 tree tokens needs 17 cache positions but k_cache holds S_max = 16"),
+    "negative-len": (
+        lambda a: _set(a, 3, torch.tensor([-1, 0], dtype=torch.int32)), r"cache_lens\[0\] = -1 is negative"),
+    "tree-start-in-prefix": (
+        lambda a: a + [0, 0.0, None, torch.tensor([5, 8])],
+        r"tree_start\[1\] = 8 is inside the prefix \(cache_lens\[1\] = 9\)"),
+    "tree-start-past-cache": (
+        lambda a: a + [0, 0.0, None, torch.tensor([5, 13])],
+        r"tree_start\[1\] = 13 plus the 4 tree tokens needs 17 cache positions but k_cache holds S_max = 16"),
+}
+
+
 @pytest.mark.parametrize(
     "mutate, pattern",
     [
-        (_no_diagonal, r"tree_attention: tree_mask\[1, 2, 2\] is False: every tree token must see itself"),
         (lambda a: _set_kv(a, torch.randn(2, 16, 3, 64)),
          r"q has 8 heads, which is not a multiple of the 3 kv heads of k_cache"),
-        (lambda a: _set(a, 3, torch.tensor([5, 13], dtype=torch.int32)),
-         r"cache_lens\[1\] = 13 plus the 4 tree tokens needs 17 cache positions but k_cache holds S_max = 16"),
-        (lambda a: _set(a, 3, torch.tensor([-1, 0], dtype=torch.int32)), r"cache_lens\[0\] = -1 is negative"),
         (lambda a: _set(a, 4, a[4].to(torch.uint8)), r"tree_mask must be bool, got Byte"),
         (lambda a: _set(a, 4, a[4].float()), r"tree_mask must be bool, got Float"),
         (lambda a: _set(a, 1, a[1].half()), r"k_cache has dtype Half but q has Float"),
@@ -412,9 +446,6 @@ def _no_diagonal(args):
         (lambda a: a + [0, -2.0], r"softcap must be 0 \(none\) or a positive finite cap, got -2"),
         (lambda a: a + [0, 0.0, torch.zeros(4)], r"sinks must have shape \[8\] \(one logit per query head\), got \[4\]"),
         (lambda a: a + [0, 0.0, torch.zeros(8, dtype=torch.int64)], r"sinks must be float32, float16 or bfloat16"),
-        (lambda a: a + [0, 0.0, None, torch.tensor([5, 8])], r"tree_start\[1\] = 8 is inside the prefix \(cache_lens\[1\] = 9\)"),
-        (lambda a: a + [0, 0.0, None, torch.tensor([5, 13])],
-         r"tree_start\[1\] = 13 plus the 4 tree tokens needs 17 cache positions but k_cache holds S_max = 16"),
         (lambda a: a + [0, 0.0, None, torch.tensor([5.0, 9.0])], r"tree_start must be int32 or int64, got Float"),
         (lambda a: _set(a, 1, a[1][..., :32]), r"k_cache has head_dim 32 but q has 64"),
         (lambda a: _set_kv(a, torch.randn(2, 16, 2, 128)[..., ::2]), r"k_cache must have unit stride along the head dim"),
@@ -423,14 +454,14 @@ def _no_diagonal(args):
         (lambda a: _set(a, 4, a[4][:, :3]), r"tree_mask must have shape \[2, 4, 4\] \(\[B, N, N\] from q\), got \[2, 3, 4\]"),
         (lambda a: _set_kv(a, a[1][:1]),
          r"k_cache holds 1 requests but q has B = 2"),
-    ],
+    ] + list(VALUE_ERRORS.values()),
     ids=[
-        "mask-without-diagonal", "hq-not-multiple-of-hkv", "cache-too-small", "negative-len",
+        "hq-not-multiple-of-hkv",
         "uint8-mask", "float-mask", "k-dtype", "v-dtype", "double-dtype", "q-rank", "k-rank",
         "kv-shape-mismatch", "negative-window", "negative-softcap", "sinks-shape", "sinks-dtype",
-        "tree-start-in-prefix", "tree-start-past-cache", "tree-start-dtype",
+        "tree-start-dtype",
         "head-dim-mismatch", "k-not-unit-stride", "lens-shape", "lens-dtype", "mask-shape", "cache-batch",
-    ],
+    ] + list(VALUE_ERRORS),
 )
 def test_bad_inputs_raise_clear_errors(mutate, pattern):
     args = mutate(_args())
@@ -447,21 +478,27 @@ def _paged_args(page_size=4, blocks=None):
     return [q, k_pages, v_pages, table, lens, mask, scale]
 
 
+# As VALUE_ERRORS, for the paged op.
+PAGED_VALUE_ERRORS = {
+    "table-too-short": (
+        lambda: _paged_args(blocks=3),
+        r"tree_attention_paged: block_table is too short: request 1 needs 13 cache positions "
+        r"\(cache_lens\[1\] = 9 plus 4 tree tokens\) but block_table has 3 blocks of 4 = 12 positions"),
+    "table-entry-out-of-range": (
+        lambda: _set(_paged_args(), 3, torch.full((2, 4), 99, dtype=torch.int32)),
+        r"block_table\[0, 0\] = 99 is not a page of k_pages \(P = 11\)"),
+    "mask-without-diagonal": (lambda: _no_diagonal_paged(), r"tree_attention_paged: tree_mask\[1, 2, 2\] is False"),
+}
+
+
 @pytest.mark.parametrize(
     "args, pattern",
     [
-        (lambda: _paged_args(blocks=3),
-         r"tree_attention_paged: block_table is too short: request 1 needs 13 cache positions "
-         r"\(cache_lens\[1\] = 9 plus 4 tree tokens\) but block_table has 3 blocks of 4 = 12 positions"),
         (lambda: _set(_paged_args(), 3, _paged_args()[3].long()), r"block_table must be int32, got Long"),
         (lambda: _set(_paged_args(), 3, _paged_args()[3][0]), r"block_table must have shape \[2, max_blocks\]"),
-        (lambda: _set(_paged_args(), 3, torch.full((2, 4), 99, dtype=torch.int32)),
-         r"block_table\[0, 0\] = 99 is not a page of k_pages \(P = 11\)"),
         (lambda: _set(_paged_args(), 1, _paged_args()[1].half()), r"k_pages has dtype Half but q has Float"),
-        (lambda: _no_diagonal_paged(), r"tree_attention_paged: tree_mask\[1, 2, 2\] is False"),
-    ],
-    ids=["table-too-short", "table-dtype", "table-rank", "table-entry-out-of-range", "pages-dtype",
-         "mask-without-diagonal"],
+    ] + list(PAGED_VALUE_ERRORS.values()),
+    ids=["table-dtype", "table-rank", "pages-dtype"] + list(PAGED_VALUE_ERRORS),
 )
 def test_paged_bad_inputs_raise_clear_errors(args, pattern):
     with pytest.raises(op_error(pattern), match=pattern):
@@ -485,3 +522,27 @@ def test_error_device_mismatch():
         tree_attention(q, k, v, lens, mask.cuda(), scale)
     with pytest.raises(ValueError, match=r"cache_lens is on cpu but q is on cuda:0"):
         tree_attention(q.cuda(), k.cuda(), v.cuda(), lens, mask.cuda(), scale)
+
+
+def _value_error_cases():
+    """(op, arguments, pattern) of every value error, contiguous and paged."""
+    for name, (mutate, pattern) in VALUE_ERRORS.items():
+        yield pytest.param(tree_attention, lambda mutate=mutate: mutate(_args()), pattern, id=name)
+    for name, (make, pattern) in PAGED_VALUE_ERRORS.items():
+        yield pytest.param(tree_attention_paged, make, pattern, id="paged-" + name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("op, make_args, pattern", list(_value_error_cases()))
+def test_cuda_value_errors_raise_only_with_validation(monkeypatch, op, make_args, pattern):
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in make_args()]
+    monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
+    with pytest.raises(ValueError, match=pattern):
+        op(*args)
+    # By default nothing is read back (no sync): no error, and the kernel stays in bounds (an
+    # invalid request's rows come out zero, a slot without a valid page reads as zeros).
+    monkeypatch.delenv("EAGLE3_CUDA_VALIDATE")
+    out = op(*args)
+    torch.cuda.synchronize()
+    assert out.isfinite().all()

@@ -683,6 +683,10 @@ def with_value(t, pos, value):
     return t
 
 
+def bad_retrive_index():
+    return with_value(torch.arange(16).reshape(2, 8), (0, 1), 16)
+
+
 @pytest.mark.parametrize(
     "changes, pattern",
     [
@@ -696,7 +700,7 @@ def with_value(t, pos, value):
         (dict(target_predict=HAND_TARGET[:, :7]), r"target_predict must have shape \[2, 8\]"),
         (dict(retrive_next_token=with_value(torch.tensor(HAND["next_token"]), (1, 0), 8)),
          r"invalid tree: request 1, node 0: retrive_next_token = 8 is not in \[-1, N\)"),
-        (dict(retrive_index=with_value(torch.arange(16).reshape(2, 8), (0, 1), 16)),
+        (dict(retrive_index=bad_retrive_index()),
          r"invalid tree: request 0, node 1: retrive_index = 16 is not in \[0, bs \* N\)"),
         (dict(retrive_next_sibling=with_value(torch.tensor(HAND["next_sibling"]), (1, 3), 1),
               target_predict=with_value(HAND_TARGET, (1, 0), 5)),  # nothing matches: all siblings
@@ -749,17 +753,35 @@ def test_sampling_bad_inputs(changes, pattern):
         tree_speculative_sampling_target_only(**sampling_args(**changes))
 
 
+def _cuda(args):
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_device_mismatch_and_cuda_tree_errors():
+def test_device_mismatch_and_cuda_tree_errors(monkeypatch):
     args = greedy_args()
     args["candidates"] = args["candidates"].cuda()
     with pytest.raises(ValueError, match=r"predicts is on cpu but candidates is on cuda:0"):
         verify_tree_greedy(**args)
-    cuda_args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in build_args(
-        selected_index=invalid_parent()).items()}
+    # What only the kernel sees (an invalid tree, a mode-0 mask of the wrong size) is read
+    # back and raised only with EAGLE3_CUDA_VALIDATE=1 (a sync per call).
+    monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
     with pytest.raises(ValueError, match=r"invalid tree: request 0, node 7: its parent is draft candidate 21"):
-        build_tree_kernel_efficient(**cuda_args)
-    cuda_args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in build_args(tree_mask_mode=0).items()}
+        build_tree_kernel_efficient(**_cuda(build_args(selected_index=invalid_parent())))
     with pytest.raises(ValueError, match=r"tree_mask \(tree_mask_mode 0\) must have 248 = sum"):
-        build_tree_kernel_efficient(**cuda_args)
+        build_tree_kernel_efficient(**_cuda(build_args(tree_mask_mode=0)))
+    with pytest.raises(ValueError, match=r"invalid tree: request 0, node 1: retrive_index = 16 is not in"):
+        verify_tree_greedy(**_cuda(greedy_args(retrive_index=bad_retrive_index())))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tree_errors_not_read_back_by_default(monkeypatch):
+    # Without the switch nothing waits for the device: the invalid request is left partly
+    # written, the kernels stay in bounds (the synchronize below would raise otherwise).
+    monkeypatch.delenv("EAGLE3_CUDA_VALIDATE", raising=False)
+    build_tree_kernel_efficient(**_cuda(build_args(selected_index=invalid_parent())))
+    build_tree_kernel_efficient(**_cuda(build_args(tree_mask_mode=0)))
+    verify_tree_greedy(**_cuda(greedy_args(retrive_index=bad_retrive_index())))
+    torch.cuda.synchronize()

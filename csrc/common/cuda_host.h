@@ -1,14 +1,17 @@
 // Host-side helpers shared by the CUDA launchers (cuda.cu files): c10 dtype -> CUDA dtype, a
-// 16-byte alignment test for vector paths, the SM count for grid sizing.
+// 16-byte alignment test for vector paths, the SM count for grid sizing, the switch for the
+// read-back of the errors kernels find in the tensors' values.
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
 namespace eagle3::cuda_host {
 
@@ -26,6 +29,24 @@ inline int sm_count(int device) {
   int count = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
   return count;
+}
+
+// EAGLE3_CUDA_VALIDATE=1: the CUDA entries read back what their kernels flagged in the tensors'
+// values (cache_lens, tree_mask, block_table, an invalid tree) and raise the CPU entries'
+// errors; one synchronization per call. Off by default, so that the hot path never waits for
+// the device (the kernels then skip what is invalid without reading out of bounds). Read on
+// every call (one getenv) so that a test can switch it in a running process.
+inline bool validate_values() {
+  const char* v = std::getenv("EAGLE3_CUDA_VALIDATE");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
+// Whether `stream` is being captured into a CUDA graph, where a read-back (a sync) would
+// invalidate the capture: the validating entries then skip it.
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace eagle3::cuda_host

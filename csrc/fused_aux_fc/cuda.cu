@@ -26,7 +26,7 @@ using cuda_host::sm_count;
 constexpr int kCtasPerSm = 4;
 // A split smaller than this many K tiles spends more on partials than it gains.
 constexpr int64_t kMinStepsPerSplit = 8;
-// Up to this many activation rows the decode tile (16 rows per CTA) is used.
+// Up to this many activation rows one decode tile holds them all (W is streamed once).
 constexpr int64_t kDecodeMaxRows = 128;
 
 bool vector_path_ok(const Problem& p) {
@@ -100,8 +100,14 @@ void run(const Problem& p, at::Tensor& out) {
     }
 #endif
     if (vector_path_ok(p)) {
-      if (p.rows <= kDecodeMaxRows) {
-        launch_tensor_core<T, cuda::DecodeTile>(params, p, stream);
+      if (p.rows <= 16) {
+        launch_tensor_core<T, cuda::DecodeTile<16>>(params, p, stream);
+      } else if (p.rows <= 32) {
+        launch_tensor_core<T, cuda::DecodeTile<32>>(params, p, stream);
+      } else if (p.rows <= 64) {
+        launch_tensor_core<T, cuda::DecodeTile<64>>(params, p, stream);
+      } else if (p.rows <= kDecodeMaxRows) {
+        launch_tensor_core<T, cuda::DecodeTile<128>>(params, p, stream);
       } else {
         launch_tensor_core<T, cuda::PrefillTile>(params, p, stream);
       }

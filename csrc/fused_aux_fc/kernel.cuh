@@ -8,9 +8,12 @@
 //   stream through a two-stage cp.async pipeline in shared memory; warps (kWarpsM x kWarpsT)
 //   run 16x16x16 tensor-core MMAs (mma.sync on sm_80 and sm_90) with fp32 accumulators. The
 //   K loop maps each 8-element vector to its segment (k / H), so no concatenation exists.
-//   For decode-sized T the grid has few output tiles, so K is split across CTAs until every
-//   SM streams W; each split writes fp32 partials and split_k_reduce_kernel sums them in a
-//   fixed order (deterministic). With one split the epilogue writes the output directly.
+//   Decode-sized T (<= 128): one activation tile holds all T rows (DecodeTile, T rounded up
+//   to 16 / 32 / 64 / 128), so the grid has a single tile along T and every weight element is
+//   read from global memory exactly once; a tile per 16 rows would stream W once per tile.
+//   Such a grid has few output tiles, so K is split across CTAs until every SM streams W;
+//   each split writes fp32 partials and split_k_reduce_kernel sums them in a fixed order
+//   (deterministic). With one split the epilogue writes the output directly.
 //
 // simt_kernel (fp32, or shapes the vector path cannot take): one warp per (weight row,
 //   group of kSimtRows activation rows); lanes stride along K with coalesced loads and a
@@ -68,8 +71,12 @@ struct TileConfig {
   static_assert(kFragsM >= 1 && kFragsT >= 1, "warp tile smaller than one fragment");
 };
 
-// Decode-sized T: 64 weight rows x 16 activation rows per CTA, 4 warps stacked along M.
-using DecodeTile = TileConfig<64, 16, 4, 1>;
+// Decode-sized T: 64 weight rows x kRows (16, 32, 64 or 128, at least T) activation rows per
+// CTA, 4 warps. Up to 32 rows the warps stack along M (a warp owns 16 weight rows x all rows);
+// from 64 rows they form 2 x 2, so that each warp loads fewer fragments from shared memory
+// per MMA (2 + kRows / 32 instead of 1 + kRows / 16).
+template <int kRows>
+using DecodeTile = TileConfig<64, kRows, kRows >= 64 ? 2 : 4, kRows >= 64 ? 2 : 1>;
 // Prefill-sized T: 128 x 128 per CTA, 8 warps, each 64 x 32.
 using PrefillTile = TileConfig<128, 128, 2, 4>;
 

@@ -1,8 +1,9 @@
-// CUDA entries of the tree ops: validate (inputs.h, the same checks as the CPU entries),
-// launch on the current stream (kernel.cuh), then read back the per-request TreeErrors and
-// raise the first one. Reading them back synchronizes the stream; while the stream is being
-// captured into a CUDA graph the read-back is skipped (an invalid tree then leaves its
-// request's outputs partly written, as sgl-kernel does).
+// CUDA entries of the tree ops: validate the arguments (inputs.h, the same checks as the CPU
+// entries), launch on the current stream (kernel.cuh). What only a walk of the tree finds (an
+// invalid tree, a token or index out of range) the kernels report as per-request TreeErrors,
+// read back and raised only with EAGLE3_CUDA_VALIDATE=1 (a synchronization; skipped while a
+// CUDA graph is captured). By default nothing is read back: an invalid request's outputs are
+// left partly written, as sgl-kernel does, and the kernels never index out of bounds.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -12,27 +13,32 @@
 
 #include <algorithm>
 
+#include "common/cuda_host.h"
 #include "tree/inputs.h"
 #include "tree/kernel.cuh"
 
 namespace eagle3::tree {
 namespace {
 
-// One zeroed TreeError per request, on the device of `like`.
+using cuda_host::aligned16;
+
+// With EAGLE3_CUDA_VALIDATE=1, one zeroed TreeError per request on the device of `like`;
+// otherwise undefined (no allocation, no memset: the kernels then record nothing).
 at::Tensor error_buffer(int64_t bs, const at::Tensor& like) {
+  if (!cuda_host::validate_values()) return at::Tensor();
   return at::zeros({std::max<int64_t>(bs, 1) * static_cast<int64_t>(sizeof(TreeError))},
                    like.options().dtype(at::kByte));
 }
 
 TreeError* errors_ptr(const at::Tensor& buffer) {
-  return reinterpret_cast<TreeError*>(buffer.data_ptr());
+  return buffer.defined() ? reinterpret_cast<TreeError*>(buffer.data_ptr()) : nullptr;
 }
 
+// Raises the first request's TreeError, if any; only when the buffer exists (validation on)
+// and the stream is not being captured.
 void raise_device_errors(const char* op, const at::Tensor& buffer, int64_t bs,
                          cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  if (status != cudaStreamCaptureStatusNone) return;
+  if (!buffer.defined() || cuda_host::capturing(stream)) return;
   const at::Tensor host = buffer.cpu();  // waits for the kernel
   raise_first(op, reinterpret_cast<const TreeError*>(host.data_ptr()), bs);
 }
@@ -105,8 +111,6 @@ void verify_tree_greedy_cuda(at::Tensor& predicts, at::Tensor& accept_index,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   raise_device_errors(kGreedyOp, errors, p.bs, stream);
 }
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 template <int VEC>
 void launch_sampling(const cuda::SamplingParams& params, bool deterministic, int64_t bs,

@@ -18,8 +18,10 @@
 //   deterministic mode the cross-warp sum is added in warp order, otherwise with shared
 //   atomics (the result can then differ in the last bits from run to run).
 //
-// Errors: each block stores its request's first TreeError (lowest node) in errors[b]; the host
-// reads them back after the launch and raises.
+// Errors: each block stores its request's first TreeError (lowest node) in errors[b], when
+// the host passed a buffer (EAGLE3_CUDA_VALIDATE=1; it then reads them back and raises).
+// Without one the errors are dropped, but an invalid request still stops before any read or
+// write out of bounds.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -52,20 +54,24 @@ struct BuildParams {
   int64_t* retrive_index;       // [bs, n]
   int64_t* next_token;          // [bs, n]
   int64_t* next_sibling;        // [bs, n]
-  TreeError* errors;            // [bs]
+  TreeError* errors;            // [bs], or nullptr: errors are not recorded
   int64_t bs, n, topk, parent_cols, mode, row_bytes;
 };
 
 __global__ void build_tree_kernel(BuildParams p) {
   extern __shared__ int64_t parents[];  // [n]
-  __shared__ int error_node;
+  // Lowest node with an invalid parent, then (a separate word, so that no thread lowers one
+  // while another reads it) lowest node on a parent cycle; INT_MAX for none.
+  __shared__ int parent_error_node;
+  __shared__ int cycle_node;
   __shared__ int first_negative;               // first request with seq_len < 0
   __shared__ unsigned long long seq_before;    // sum of seq_len over requests < b
   __shared__ unsigned long long seq_total;     // sum over all requests
   const int64_t b = blockIdx.x, n = p.n;
   const int i = threadIdx.x;
   if (i == 0) {
-    error_node = INT_MAX;
+    parent_error_node = INT_MAX;
+    cycle_node = INT_MAX;
     first_negative = INT_MAX;
     seq_before = 0;
     seq_total = 0;
@@ -87,10 +93,20 @@ __global__ void build_tree_kernel(BuildParams p) {
     if (total_local) atomicAdd(&seq_total, total_local);
   }
   __syncthreads();
+  // first_negative, seq_before and seq_total are final here (written before the barrier).
   const int64_t seq_len = p.seq_lens[b];
   if (first_negative != INT_MAX) {
-    if (i == 0 && first_negative == b) p.errors[b] = make_error(kNegativeSeqLen, b, 0, seq_len);
+    if (i == 0 && first_negative == b && p.errors) p.errors[b] = make_error(kNegativeSeqLen, b, 0, seq_len);
     return;
+  }
+  // Mode 0: a mask of the wrong size would be written out of bounds. Checked before the tree,
+  // as the CPU entry does (every thread computes the same, so the block leaves together).
+  if (p.mode == kFullMask) {
+    const int64_t needed = static_cast<int64_t>(seq_total) * n + p.bs * n * n;
+    if (needed != p.mask_numel) {
+      if (i == 0 && p.errors) p.errors[b] = make_error(kMaskSizeMismatch, b, 0, needed);
+      return;
+    }
   }
   TreeError err;
   BuildRequest r;
@@ -100,29 +116,26 @@ __global__ void build_tree_kernel(BuildParams p) {
   r.topk = p.topk;
   r.n = n;
   r.request = b;
-  if (i > 0 && i < n && err.code == kOk) parents[i] = resolve_parent(r, i, &err);
-  if (err.code != kOk) atomicMin(&error_node, i);
+  if (i > 0 && i < n) parents[i] = resolve_parent(r, i, &err);
+  if (err.code != kOk) atomicMin(&parent_error_node, i);
   __syncthreads();
+  if (parent_error_node != INT_MAX) {  // the same value in every thread: no write after it
+    if (i == parent_error_node && p.errors) p.errors[b] = err;
+    return;
+  }
   int64_t depth = 0;
-  if (error_node == INT_MAX && i < n) {
+  if (i < n) {
     depth = node_depth(parents, n, i, b, &err);
-    if (err.code != kOk) atomicMin(&error_node, i);
-  }
-  const int64_t mask_offset = static_cast<int64_t>(seq_before) * n + b * n * n;
-  const int64_t width = p.mode == kFullMask ? seq_len + n : n;
-  if (p.mode == kFullMask && i == 0 && error_node == INT_MAX) {
-    const int64_t needed = static_cast<int64_t>(seq_total) * n + p.bs * n * n;
-    if (needed != p.mask_numel) {
-      err = make_error(kMaskSizeMismatch, b, 0, needed);
-      atomicMin(&error_node, 0);
-    }
+    if (err.code != kOk) atomicMin(&cycle_node, i);
   }
   __syncthreads();
-  if (error_node != INT_MAX) {
-    if (i == error_node) p.errors[b] = err;
+  if (cycle_node != INT_MAX) {
+    if (i == cycle_node && p.errors) p.errors[b] = err;
     return;
   }
   if (i >= n) return;
+  const int64_t mask_offset = static_cast<int64_t>(seq_before) * n + b * n * n;
+  const int64_t width = p.mode == kFullMask ? seq_len + n : n;
 
   p.positions[b * n + i] = seq_len + depth;
   p.retrive_index[b * n + i] = b * n + i;
@@ -155,7 +168,7 @@ __global__ void verify_greedy_kernel(VerifyBatch batch, const int64_t* target_pr
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batch.bs) return;
   const TreeError err = verify_greedy_request(batch, b, target_predict);
-  if (err.code != kOk) errors[b] = err;
+  if (err.code != kOk && errors) errors[b] = err;
 }
 
 // --- tree_speculative_sampling_target_only ------------------------------------------------
@@ -166,7 +179,7 @@ struct SamplingParams {
   const float* final_coins;  // [bs]
   const float* target;       // [bs, n, vocab]
   float* draft;              // [bs, n, vocab]
-  TreeError* errors;         // [bs]
+  TreeError* errors;         // [bs], or nullptr: errors are not recorded
   int64_t vocab;
   float threshold_single, threshold_acc;
 };
@@ -249,7 +262,7 @@ __global__ void __launch_bounds__(kSamplingThreads) tree_sampling_kernel(Samplin
     final_row = w.final_row;
     subtract_draft = w.subtract_draft;
     walk_failed = err.code != kOk;
-    if (err.code != kOk) p.errors[b] = err;
+    if (err.code != kOk && p.errors) p.errors[b] = err;
     first_hit = INT_MAX;
     last_valid = -1;
   }

@@ -1,9 +1,13 @@
-// CUDA entries of eagle3::tree_attention and eagle3::tree_attention_paged: validate, choose the
-// head-dim tile and the KV split, launch on the current stream. Device code: kernel.cuh.
+// CUDA entries of eagle3::tree_attention and eagle3::tree_attention_paged: validate what the
+// host knows (shapes, dtypes, sizes), choose the head-dim tile and the number of KV splits,
+// launch on the current stream. Device code: kernel.cuh. Nothing here reads the tensors'
+// values, so a call never waits for the device and can be captured into a CUDA graph; the
+// kernel checks the values itself, and with EAGLE3_CUDA_VALIDATE=1 the host reads its verdict
+// back and raises the CPU entry's error (raise_flagged).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -22,9 +26,9 @@ using cuda_host::sm_count;
 
 // Aim for this many CTAs per SM before splitting the KV range further.
 constexpr int64_t kCtasPerSm = 2;
-// A split shorter than this many positions costs more in partials than it gains.
-constexpr int64_t kMinSplitPositions = 256;
 constexpr int64_t kMaxHeadDim = 256;
+// The grid's y (requests) and z (splits) dimensions.
+constexpr int64_t kMaxGridYZ = 65535;
 
 template <typename T, int kDp>
 void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
@@ -38,8 +42,8 @@ void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
   static int configured[kDevices] = {};
   const int device = p.q.get_device();
   if (device >= kDevices || configured[device] < bytes) {
-    // fp32 with a head-dim tile of 256 (Dqk or Dv above 128) needs ~214 KB: more than sm_80's
-    // 163 KB. Say so instead of failing in cudaFuncSetAttribute.
+    // Say so instead of failing in cudaFuncSetAttribute if a call needs more than the device
+    // has (the largest tile, fp32 with Dqk or Dv above 128, needs ~150 KB: sm_80 has 163 KB).
     int optin = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     EAGLE3_CHECK(p.op, bytes <= optin, "this call needs ", bytes,
@@ -63,7 +67,7 @@ void launch(cuda::Params<T>& params, const Problem& p, cudaStream_t stream) {
 
 template <typename scalar_t>
 void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table, const at::Tensor& starts,
-               at::Tensor& out) {
+               int* error, at::Tensor& out) {
   using T = typename DeviceType<scalar_t>::type;
   cuda::Params<T> params{};
   params.q = reinterpret_cast<const T*>(p.q.data_ptr());
@@ -83,6 +87,9 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
   params.v_row = p.v.stride(1);
   params.v_head = p.v.stride(2);
   params.page_size = p.page_size;
+  params.num_pages = p.num_pages;
+  params.capacity = p.capacity;
+  params.error = error;
   if (p.paged()) {
     params.block_table = table.data_ptr<int32_t>();
     params.bt_stride = table.stride(0);
@@ -117,24 +124,20 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
                              params.v_page, params.v_row, params.v_head};
   for (const int64_t s : strides) params.vec_ok = params.vec_ok && s % kVec == 0;
 
-  // KV split: enough CTAs for every SM, never splits shorter than kMinSplitPositions. The
-  // splits cover `range` positions from each request's window start (kernel.cuh), a bound on
-  // every request's cache_lens[b] + N - window_start known without reading cache_lens (no
-  // sync): the cache capacity, or with a window W at most W - 1 prefix positions plus the N
-  // tree tokens.
+  // KV splits: the host fixes how many per request, enough CTAs for every SM, without reading
+  // cache_lens (no sync); each CTA then cuts its request's real length on the device
+  // (kernel.cuh, request_plan), so a short request in a large cache is spread over the splits
+  // and the splits past its end return at once. `range` bounds every request's visible length
+  // (the capacity, or with a window W at most W - 1 prefix positions plus the N tree tokens):
+  // more splits than range / kMinSplitKeys could never all hold positions.
   int64_t range = p.capacity;
   if (p.window > 0) range = std::min(p.capacity, std::min(p.window, p.capacity) + p.tree - 1);
-  range = std::max<int64_t>(range, 1);  // (an empty cache still gets one split)
   const int64_t ctas = p.batch * p.kv_heads * params.row_tiles;
   const int64_t wanted = sm_count(p.q.get_device()) * kCtasPerSm;
   int64_t splits = std::max<int64_t>(1, (wanted + ctas - 1) / ctas);
-  splits = std::max<int64_t>(1, std::min(splits, range / kMinSplitPositions));
-  int64_t chunk = (range + splits - 1) / splits;
-  chunk = (chunk + cuda::kBlockKeys - 1) / cuda::kBlockKeys * cuda::kBlockKeys;
-  params.chunk = chunk;
-  params.splits = static_cast<int>((range + chunk - 1) / chunk);
-  TORCH_CHECK(p.batch <= 65535 && params.splits <= 65535, "eagle3.", p.op,
-              ": batch and KV splits are limited to 65535 on CUDA");
+  splits = std::min(splits, std::max<int64_t>(1, range / cuda::kMinSplitKeys));
+  params.splits = static_cast<int>(std::min(splits, kMaxGridYZ));
+  TORCH_CHECK(p.batch <= kMaxGridYZ, "eagle3.", p.op, ": batch is limited to ", kMaxGridYZ, " on CUDA");
 
   at::Tensor part_out, part_lse;
   if (params.splits > 1) {
@@ -156,27 +159,54 @@ void run_typed(const Problem& p, const at::Tensor& lens, const at::Tensor& table
   }
 }
 
+// Sizes the kernel divides by or needs room for, all known on the host (checked even while a
+// CUDA graph is captured, where no value is read): a page of at least one row, and room for
+// the N tree tokens in every request's cache.
+void check_sizes(const Problem& p) {
+  if (p.paged()) {
+    EAGLE3_CHECK(p.op, p.page_size > 0, "k_pages has pages of 0 rows (shape ", p.k.sizes(),
+                 "); page_size must be at least 1");
+    EAGLE3_CHECK(p.op, p.capacity >= p.tree, "block_table has ", p.block_table.size(1), " blocks of ",
+                 p.page_size, " = ", p.capacity, " positions, fewer than the ", p.tree, " tree tokens");
+  } else {
+    EAGLE3_CHECK(p.op, p.capacity >= p.tree, "k_cache holds S_max = ", p.capacity,
+                 " positions, fewer than the ", p.tree, " tree tokens");
+  }
+}
+
+// EAGLE3_CUDA_VALIDATE=1: reads the kernel's InvalidValue bits back (a sync; skipped while the
+// stream is captured) and, when one is set, raises the CPU entry's error for the same call
+// (check_values on host copies of cache_lens, the mask diagonal, block_table and tree_start).
+void raise_flagged(const Problem& p, const at::Tensor& error) {
+  if (cuda_host::capturing(c10::cuda::getCurrentCUDAStream())) return;
+  const int bits = error.item<int>();
+  if (bits == 0) return;
+  check_values(p, p.cache_lens.cpu(), p.tree_mask.diagonal(0, 1, 2).cpu(),
+               p.paged() ? p.block_table.cpu() : at::Tensor(),
+               p.tree_start.defined() ? p.tree_start.cpu() : at::Tensor());
+  EAGLE3_CHECK(p.op, false, "the kernel found invalid values (bits ", bits,
+               ": 1 cache_lens / tree_start, 2 tree_mask diagonal, 4 block_table)");
+}
+
 at::Tensor run(const Problem& p) {
   const c10::cuda::CUDAGuard guard(p.q.device());
   EAGLE3_CHECK(p.op, p.head_dim <= kMaxHeadDim, "the q / k head dim ", p.head_dim,
                " is not supported on CUDA (at most ", kMaxHeadDim, ")");
   EAGLE3_CHECK(p.op, p.v_dim <= kMaxHeadDim, "the v head dim ", p.v_dim,
                " is not supported on CUDA (at most ", kMaxHeadDim, ")");
-  // The value checks copy cache_lens, the mask diagonal and the block table to the host: one
-  // small synchronization, skipped while a CUDA graph is captured (a capture cannot sync).
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
-    check_values(p, p.cache_lens.to(at::kCPU), p.tree_mask.diagonal(0, 1, 2).to(at::kCPU),
-                 p.paged() ? p.block_table.to(at::kCPU) : at::Tensor(),
-                 p.tree_start.defined() ? p.tree_start.to(at::kCPU) : at::Tensor());
-  }
   at::Tensor out = empty_output(p);
   if (out.numel() == 0) return out;
+  check_sizes(p);
+  const bool validate = cuda_host::validate_values();
+  const at::Tensor error = validate ? at::zeros({1}, p.q.options().dtype(at::kInt)) : at::Tensor();
   const at::Tensor lens = p.cache_lens.to(at::kInt).contiguous();
   const at::Tensor table = p.paged() ? p.block_table.contiguous() : at::Tensor();
   const at::Tensor starts = p.tree_start.defined() ? p.tree_start.to(at::kInt).contiguous() : at::Tensor();
+  int* error_ptr = validate ? error.data_ptr<int>() : nullptr;
   EAGLE3_DISPATCH_FLOAT_TYPES(out.scalar_type(), "tree_attention", [&] {
-    run_typed<scalar_t>(p, lens, table, starts, out);
+    run_typed<scalar_t>(p, lens, table, starts, error_ptr, out);
   });
+  if (validate) raise_flagged(p, error);
   return out;
 }
 

@@ -4,9 +4,11 @@
 // Two layers of checks:
 //   check_inputs  shapes, ranks, dtypes, devices, strides: metadata only, never syncs.
 //   check_values  what depends on the tensors' contents (cache_lens against the cache size,
-//                 the mask's diagonal, block_table entries). On CPU it reads them in place;
-//                 on CUDA it copies cache_lens and the mask diagonal to the host (one small
-//                 sync), and the CUDA entry skips it while a CUDA graph is being captured.
+//                 the mask's diagonal, block_table entries). On CPU it reads them in place,
+//                 on every call. On CUDA the kernel checks the same conditions on the device
+//                 (no sync) and only flags them; with EAGLE3_CUDA_VALIDATE=1 the CUDA entry
+//                 reads the flag back and, when set, runs check_values on host copies so that
+//                 the error is the CPU entry's.
 #pragma once
 
 #include <cmath>
@@ -160,7 +162,8 @@ inline Problem check_inputs(const char* op, const at::Tensor& q, const at::Tenso
 }
 
 // Checks that depend on the tensors' contents. `lens`, `diag` and `table` are CPU tensors:
-// cache_lens, the mask diagonal [B, N] and the block table (undefined: not checked).
+// cache_lens, the mask diagonal [B, N] and the block table (undefined: not checked). The CUDA
+// kernel's device-side checks (kernel.cuh, InvalidValue) mirror these conditions.
 inline void check_values(const Problem& p, const at::Tensor& lens, const at::Tensor& diag,
                          const at::Tensor& table, const at::Tensor& starts) {
   const char* op = p.op;

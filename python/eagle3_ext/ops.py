@@ -131,7 +131,8 @@ def build_tree_kernel_efficient(
     Raises:
         ValueError: for wrong shapes or sizes, and for an invalid tree (a node whose parent is
         not among the selected nodes), naming the request and the node. TypeError: for a
-        wrong dtype or a non-tensor argument.
+        wrong dtype or a non-tensor argument. On CUDA the invalid-tree check raises only with
+        ``EAGLE3_CUDA_VALIDATE=1`` (otherwise the request stops, nothing is read back).
     """
     _call(
         "build_tree_kernel_efficient",
@@ -293,7 +294,10 @@ def tree_attention(
     Raises:
         ValueError: naming the argument and the numbers for wrong shapes, devices, a mask row
         without its diagonal, ``cache_lens[b] + N > S_max``, a negative window or soft-cap.
-        TypeError: for a wrong dtype or an argument of the wrong Python type.
+        TypeError: for a wrong dtype or an argument of the wrong Python type. On CUDA the
+        checks of tensor values (lengths, mask diagonal) raise only with
+        ``EAGLE3_CUDA_VALIDATE=1``; otherwise an invalid request's rows come out zero and
+        nothing is read back.
     """
     return _call("tree_attention", q, k_cache, v_cache, cache_lens, tree_mask, scale, window, softcap, sinks,
                  tree_start)
