@@ -167,6 +167,9 @@ CLI_CASES = [
     (BENCH, "--dtype", "wrong type", ["--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
     (BENCH, "--draft-dtype", "wrong type", ["--draft-dtype", "half"], "--draft-dtype: invalid choice: 'half'"),
     (BENCH, "--json", "wrong type", ["--json=yes"], "--json: ignored explicit argument 'yes'"),
+    (BENCH, "--no-compiled-baseline", "wrong type", ["--no-compiled-baseline=1"],
+     "--no-compiled-baseline: ignored explicit argument '1'"),
+    (BENCH, "--no-llama-cpp", "wrong type", ["--no-llama-cpp=no"], "--no-llama-cpp: ignored explicit argument 'no'"),
     # --- train ------------------------------------------------------------------------------------
     (TRAIN, "--target", "missing path", ["--target", "{missing}"], "--target: {missing} does not exist"),
     (TRAIN, "--target", "unreadable path", ["--target", "{a_file}"], "is a file, expected a directory"),

@@ -316,6 +316,10 @@ CASES = [
      "configs['t'] must be a TreeConfig"),
     ("run_bench", "out", "unreadable path", lambda c: c.bench(out=c.p["a_file"]), ValueError, "is a file"),
     ("run_bench", "dtype", "wrong type", lambda c: c.bench(dtype="fp8"), ValueError, "dtype must be one of"),
+    ("run_bench", "compiled_baseline", "wrong type", lambda c: c.bench(compiled_baseline="no"), TypeError,
+     "compiled_baseline must be True or False, got 'no' (str)"),
+    ("run_bench", "llama_cpp", "wrong type", lambda c: c.bench(llama_cpp=1), TypeError,
+     "llama_cpp must be True or False, got 1 (int)"),
     # --- the draft model ------------------------------------------------------------------------
     ("Eagle3DraftModel.from_pretrained", "path", "missing path",
      lambda c: Eagle3DraftModel.from_pretrained(c.p["missing"]), FileNotFoundError, "draft directory"),

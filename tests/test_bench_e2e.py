@@ -20,25 +20,33 @@ def test_bench_writes_json_markdown_and_plot(pair, capsys):
     out = pair / "out"
     rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                    str(pair / "prompts.jsonl"), "--max-new-tokens", "12", "--batch-sizes", "1", "2",
-                   "--tree", "3,1,4", "3,2,6", "--out", str(out), "--json"])
+                   "--tree", "3,1,4", "3,2,6", "--out", str(out), "--no-llama-cpp", "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["batch_size"] for r in report["runs"]] == [1, 2]
     methods = [r["method"] for r in report["runs"][0]["results"]]
-    assert methods == ["hf_generate", "hf_prompt_lookup", "chain3", "tree3x2n6"]
+    assert methods == ["hf_generate", "hf_prompt_lookup", "hf_static_compile", "chain3", "tree3x2n6"]
+    assert report["runs"][0]["left_out"] == {"llama_cpp": "not requested"}
+    compiled = report["runs"][0]["results"][2]
+    # One static cache length for the prompt set: compiled once before timing, never again.
+    assert compiled["compile_s"] > 0 and compiled["recompiles"] == 0 and compiled["cache_length"] % 64 == 0
+    assert report["machine"]["bandwidth_gb_s"] > 0 and report["machine"]["matmul_gflop_s"] > 0
     for run in report["runs"]:
         for r in run["results"]:
             assert r["tokens_per_s"] > 0
-            if r["method"] not in ("hf_generate", "hf_prompt_lookup"):
+            if r["method"].startswith(("chain", "tree")):
                 cost = r["round_cost"]
-                assert cost["r"] > 0 and cost["decode_step_ms"] > 0
+                assert cost["r"] > 0 and cost["decode_step_ms"] > 0 and cost["draft_step_ms"] > 0
                 parts = sum(cost[k] for k in ("draft", "tree", "verify", "accept", "compact", "other"))
                 assert parts == pytest.approx(cost["r"])  # the parts account for the whole round
-            if r["method"] != "hf_generate":  # (the baseline is what the others are compared with)
-                assert r["identical"] is True  # greedy: the same tokens as plain generate
+                assert r["roofline"]["r"] > 1.0  # a verify reads the target's weights once, as a decode step does
+            if r["method"] not in ("hf_generate", "hf_static_compile"):
+                # Greedy: the same tokens as plain generate (the compiled one may reorder fp32 sums).
+                assert r["identical"] is True
             if r["method"].startswith(("chain", "tree")):
                 assert r["acceptance_length"] >= 1.0 and len(r["depth_acceptance"]) == 3
-    assert (out / "bench.md").read_text().count("| chain3 |") == 2
+    md = (out / "bench.md").read_text()
+    assert md.count("| chain3 |") == 2 and "recompilations while timed" in md and "llama_cpp left out" in md
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -46,7 +54,7 @@ def test_sweep_names_the_fastest(pair, capsys):
     out = pair / "sweep"
     rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                    str(pair / "prompts.jsonl"), "--max-new-tokens", "8", "--sweep", "--tree", "2,1,3", "2,2,4",
-                   "--num-prompts", "2", "--out", str(out)])
+                   "--no-compiled-baseline", "--num-prompts", "2", "--out", str(out)])
     assert rc == 0
     report = json.loads((out / "bench.json").read_text())
     assert report["prompts"] == 2
@@ -86,7 +94,8 @@ def test_draft_runs_in_its_own_dtype(pair, capsys):
     from eagle3_ext.engine.bench import BenchConfig, run_bench
 
     cfg = BenchConfig(target=str(pair / "target"), draft=str(pair / "draft"), prompts=["def print return"],
-                      max_new_tokens=8, batch_sizes=(1,), out=str(pair / "bf16"), draft_dtype="bfloat16")
+                      max_new_tokens=8, batch_sizes=(1,), out=str(pair / "bf16"), draft_dtype="bfloat16",
+                      compiled_baseline=False, llama_cpp=False)
     cfg.configs = {"chain3": cfg.configs["chain5"].chain(3)}
     report = run_bench(cfg, progress=False)
     assert report["dtype"] == "float32" and report["draft_dtype"] == "bfloat16"
@@ -98,12 +107,14 @@ def test_draft_runs_in_its_own_dtype(pair, capsys):
 
 def test_round_cost_is_counted_in_decode_steps():
     from eagle3_ext.engine.bench import round_cost
+    from eagle3_ext.engine.config import TreeConfig
     from eagle3_ext.engine.stats import GenerationStats
 
     s = GenerationStats(rounds=10, draft_time_s=0.2, tree_build_time_s=0.01, verify_time_s=0.5, accept_time_s=0.02,
                         compact_time_s=0.03, guard_time_s=0.04, total_time_s=1.0)
-    cost = round_cost(s, decode_step_s=0.02)           # a round takes 0.1 s: five decode steps
+    cost = round_cost(s, decode_step_s=0.02, tree=TreeConfig.chain(4))  # a round takes 0.1 s: five decode steps
     assert cost["r"] == pytest.approx(5.0)
     assert cost["verify"] == pytest.approx(2.5) and cost["draft"] == pytest.approx(1.0)
     assert cost["other"] == pytest.approx((1.0 - 0.76) / 10 / 0.02)  # all but the five timed parts
     assert cost["decode_step_ms"] == pytest.approx(20.0)
+    assert cost["draft_step_ms"] == pytest.approx(0.2 / 10 / 4 * 1e3)  # four draft forwards a round

@@ -87,7 +87,8 @@ def test_ctrl_c_during_generate_keeps_the_streamed_text(pair):
 def test_ctrl_c_during_bench_keeps_the_finished_batch_sizes(pair, tmp_path):
     out_dir = tmp_path / "bench"
     cli = Cli("bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--num-prompts", "2",
-              "--batch-sizes", "1", "2", "--max-new-tokens", "200", "--tree", "3,2,6", "--out", str(out_dir))
+              "--batch-sizes", "1", "2", "--max-new-tokens", "200", "--tree", "3,2,6", "--out", str(out_dir),
+              "--no-compiled-baseline", "--no-llama-cpp")
     cli.wait_for("stderr", "batch 1 ")
     rc, _, err = cli.interrupt()
     assert rc == 130, err

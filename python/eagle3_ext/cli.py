@@ -250,6 +250,10 @@ def _add_bench(sub) -> None:
                    help="the target's dtype (the numbers that decide the output)")
     p.add_argument("--draft-dtype", choices=list(DTYPES),
                    help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
+    p.add_argument("--no-compiled-baseline", action="store_true",
+                   help="leave out HF generate with a static cache and torch.compile (it compiles first)")
+    p.add_argument("--no-llama-cpp", action="store_true",
+                   help="leave out llama.cpp's greedy decoding (run when llama-cpp-python and gguf are installed)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
@@ -275,7 +279,8 @@ def _run_bench(args) -> int:
 
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
-                      num_prompts=args.num_prompts,
+                      num_prompts=args.num_prompts, compiled_baseline=not args.no_compiled_baseline,
+                      llama_cpp=not args.no_llama_cpp,
                       prompts=load_prompts(args.prompts) if args.prompts else None)
     if args.tree:
         cfg.configs = _parse_trees(args.tree)

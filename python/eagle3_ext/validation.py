@@ -72,6 +72,13 @@ def number(name: str, value: Any, minimum: Optional[float] = None, maximum: Opti
     return float(value)
 
 
+def boolean(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (1 and "yes" are not: a typo would pass as a switch)."""
+    if not isinstance(value, bool):
+        raise TypeError(_fault(name, "True or False", f"{value!r} ({type(value).__name__})"))
+    return value
+
+
 def choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
     if value not in choices:
         raise ValueError(_fault(name, "one of " + ", ".join(repr(c) for c in choices), repr(value)))

@@ -2,7 +2,9 @@
 
 For each batch size, over a set of prompts: plain Hugging Face greedy generate, Hugging Face
 prompt lookup decoding (``prompt_lookup_num_tokens``, batch 1 only: transformers supports no
-more), and eagle3_ext with each tree configuration. Per configuration: tokens/s, acceptance
+more), at batch 1 the stronger baselines of ``bench_peers`` (Hugging Face with a static cache
+and torch.compile; llama.cpp where installed), and eagle3_ext with each tree configuration,
+beside its roofline estimate (``roofline``). Per configuration: tokens/s, acceptance
 length, per-depth acceptance, speedup against plain generate and whether the outputs are
 identical to it. Writes bench.json, bench.md and bench.png (speedup and acceptance per
 configuration). ``sweep`` tries depth / topk / num_draft_tokens combinations at batch 1 and
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -23,6 +25,7 @@ from .. import validation
 from ..dtypes import check_dtype_name
 from .baseline import hf_generate
 from .config import TreeConfig
+from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
 from .stats import GenerationStats
 
 
@@ -44,6 +47,8 @@ class BenchConfig:
     batch_sizes: Sequence[int] = (1, 4)
     configs: Dict[str, TreeConfig] = field(default_factory=lambda: dict(DEFAULT_CONFIGS))
     prompt_lookup_tokens: int = 10
+    compiled_baseline: bool = True            # HF generate with a static cache and torch.compile (batch 1)
+    llama_cpp: bool = True                    # llama.cpp's greedy decoding when llama-cpp-python is installed
     out: str = "bench-results/e2e"
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
@@ -62,6 +67,8 @@ class BenchConfig:
             prompts = prompts[:self.num_prompts]
         validation.integer("max_new_tokens", self.max_new_tokens, 1)
         validation.integer("prompt_lookup_tokens", self.prompt_lookup_tokens, 1)
+        validation.boolean("compiled_baseline", self.compiled_baseline)
+        validation.boolean("llama_cpp", self.llama_cpp)
         if isinstance(self.batch_sizes, (int, str)) or not self.batch_sizes:
             raise TypeError(f"batch_sizes must be a non-empty list of integers, got {self.batch_sizes!r}")
         for i, bs in enumerate(self.batch_sizes):
@@ -95,9 +102,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
                               "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
                               "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}
     hf_generate(target, tok, prompts[:1], 4)  # warm-up
+    rates = measure_machine(target.dtype, str(target.device))
+    report["machine"] = {**asdict(rates), "target_weights": weights_read(target), "draft_weights": weights_read(draft)}
     try:
         for bs in cfg.batch_sizes:
-            report["runs"].append(_bench_batch(cfg, bs, prompts, target, tok, gens, progress))
+            report["runs"].append(_bench_batch(cfg, bs, prompts, target_dir, target, tok, gens, rates, progress))
     except KeyboardInterrupt:
         if not report["runs"]:
             raise
@@ -108,10 +117,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     return report
 
 
-def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gens, progress: bool) -> Dict[str, Any]:
+def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str, target, tok, gens,
+                 rates: MachineRates, progress: bool) -> Dict[str, Any]:
     """Every method at batch size ``bs``: {"batch_size", "results"}."""
     groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
     rows: Dict[str, Dict[str, Any]] = {}
+    left_out: Dict[str, str] = {}
     base_tokens, base_time, base_outputs, base_steps = 0, 0.0, [], 0
     for group in groups:
         out, t = hf_generate(target, tok, group, cfg.max_new_tokens)
@@ -133,6 +144,8 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gen
         rows["hf_prompt_lookup"] = {"method": "hf_prompt_lookup", "tokens_per_s": lookup_tokens / lookup_time,
                                     "speedup": (lookup_tokens / lookup_time) / (base_tokens / base_time),
                                     "acceptance_length": None, "identical": same}
+        rows.update(_peer_rows(cfg, target_dir, target, tok, groups, base_outputs, base_tokens / base_time,
+                               left_out, progress))
     for name, gen in gens.items():
         gen.generate(prompts[:1], max_new_tokens=4)  # warm-up
         results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True)
@@ -144,20 +157,47 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target, tok, gen
                       "speedup": s.tokens_per_s / (base_tokens / base_time),
                       "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
                       "lookup_tokens": gen.tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
-                      "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s),
+                      "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s, gen.tree),
+                      "roofline": estimate_round_cost(target, gen.draft, gen.tree, rates, bs),
                       **_compare(target, tok, prompts, outputs, base_outputs)}
         if progress:
             print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
                   f"acceptance length {s.acceptance_length:.2f}, round {_cost_cell(rows[name]['round_cost'])}, "
                   f"identical {_identical_cell(rows[name])}", file=sys.stderr, flush=True)
-    return {"batch_size": bs, "results": list(rows.values())}
+    return {"batch_size": bs, "results": list(rows.values()), **({"left_out": left_out} if left_out else {})}
 
 
-def round_cost(stats: GenerationStats, decode_step_s: float) -> Dict[str, float]:
+def _peer_rows(cfg: BenchConfig, target_dir: str, target, tok, groups, base_outputs, base_rate: float,
+               left_out: Dict[str, str], progress: bool) -> Dict[str, Dict[str, Any]]:
+    """The batch-1 baselines of bench_peers that this run asks for and this machine has; why a
+    peer is missing goes to ``left_out``."""
+    from . import bench_peers
+
+    rows = {}
+    if cfg.compiled_baseline:
+        rows["hf_static_compile"] = bench_peers.compiled_baseline_row(target, tok, groups, cfg.max_new_tokens,
+                                                                      base_outputs, base_rate)
+    reason = bench_peers.llama_cpp_reason(target_dir) if cfg.llama_cpp else "not requested"
+    if reason is None:
+        rows["llama_cpp"] = bench_peers.llama_cpp_row(target_dir, target, tok, groups, cfg.max_new_tokens,
+                                                      base_outputs, base_rate)
+    else:
+        left_out["llama_cpp"] = reason
+        if progress and cfg.llama_cpp:
+            print(f"llama.cpp row left out: {reason}", file=sys.stderr, flush=True)
+    for row in rows.values():
+        if progress:
+            print(f"batch 1 {row['method']}: {row['tokens_per_s']:.1f} tokens/s, speedup {row['speedup']:.2f}x, "
+                  f"identical {_identical_cell(row)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def round_cost(stats: GenerationStats, decode_step_s: float, tree: TreeConfig) -> Dict[str, float]:
     """A round's cost in plain decode steps of the same run (r = round time / decode-step time,
     the decode step being plain generate's time per forward at the same batch size), and its
     parts: draft forwards, tree building (and lookup grafting), the verify forward, acceptance,
-    KV compaction, and the rest (prefill, the capture guard, bookkeeping), each per round."""
+    KV compaction, and the rest (prefill, the capture guard, bookkeeping), each per round. Also
+    one draft forward's time (a round runs ``depth`` of them), to hold against its roofline."""
     rounds = max(1, stats.rounds)
     parts = {"draft": stats.draft_time_s, "tree": stats.tree_build_time_s, "verify": stats.verify_time_s,
              "accept": stats.accept_time_s, "compact": stats.compact_time_s,
@@ -165,6 +205,7 @@ def round_cost(stats: GenerationStats, decode_step_s: float) -> Dict[str, float]
     out = {name: t / rounds / decode_step_s for name, t in parts.items()}
     out["r"] = stats.total_time_s / rounds / decode_step_s
     out["decode_step_ms"] = decode_step_s * 1e3
+    out["draft_step_ms"] = stats.draft_time_s / rounds / tree.depth * 1e3
     return out
 
 
@@ -206,17 +247,36 @@ def markdown(report: Dict[str, Any]) -> str:
     lines = [f"Target {report['target']}, draft {report['draft']}, {report['prompts']} prompts, "
              f"{report['max_new_tokens']} new tokens, {report['threads']} threads, target "
              f"{report.get('dtype', '?')}, draft {report.get('draft_dtype', '?')}.", ""]
+    if "machine" in report:
+        m = report["machine"]
+        lines += [f"Measured here: memory bandwidth {m['bandwidth_gb_s']:.1f} GB/s, matmul "
+                  f"{m['matmul_gflop_s']:.1f} GFLOP/s; one forward reads {m['target_weights']['bytes'] / 1e6:.1f} MB "
+                  f"(target) and {m['draft_weights']['bytes'] / 1e6:.1f} MB (draft). The roofline r is what a round "
+                  "would cost at those rates; the measured r's excess over it is framework overhead.", ""]
     for run in report["runs"]:
         lines += [f"**batch {run['batch_size']}**", "",
                   "| method | tokens/s | speedup vs HF generate | acceptance length | per-depth acceptance | "
-                  "round cost in decode steps | identical |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+                  "round cost in decode steps | roofline r | draft step ms (roofline) | identical |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in run["results"]:
             acc = "-" if r.get("acceptance_length") is None else f"{r['acceptance_length']:.2f}"
             depth = " ".join(f"{a:.2f}" for a in r.get("depth_acceptance", [])) or "-"
             cost = _cost_cell(r["round_cost"]) if "round_cost" in r else "-"
+            roof = f"{r['roofline']['r']:.2f}" if "roofline" in r else "-"
+            step = (f"{r['round_cost']['draft_step_ms']:.2f} ({r['roofline']['draft_step_ms']:.3f})"
+                    if "roofline" in r else "-")
             lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {acc} | {depth} | "
-                         f"{cost} | {_identical_cell(r)} |")
+                         f"{cost} | {roof} | {step} | {_identical_cell(r)} |")
+        lines.append("")
+        for r in run["results"]:
+            if "compile_s" in r:
+                lines.append(f"{r['method']}: compiled in {r['compile_s']:.1f} s (not in its time), "
+                             f"{r['recompiles']} recompilations while timed, static cache length {r['cache_length']}.")
+            if "convert_s" in r:
+                lines.append(f"{r['method']}: the target as f32 GGUF ({r['convert_s']:.1f} s to convert or find), "
+                             f"{r['threads']} threads.")
+        for method, reason in run.get("left_out", {}).items():
+            lines.append(f"{method} left out: {reason}.")
         lines.append("")
     return "\n".join(lines)
 
@@ -284,7 +344,7 @@ def run_sweep(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Batch 1 over the sweep grid (or cfg.configs when given); names the fastest."""
     cfg.batch_sizes = (1,)
     report = run_bench(cfg, progress)
-    results = [r for r in report["runs"][0]["results"] if r["method"] not in ("hf_generate", "hf_prompt_lookup")]
+    results = [r for r in report["runs"][0]["results"] if r["method"] in cfg.configs]  # not the baselines
     best = max(results, key=lambda r: r["tokens_per_s"])
     report["best"] = best
     with open(os.path.join(cfg.out, "bench.json"), "w") as f:

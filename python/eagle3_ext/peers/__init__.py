@@ -1,0 +1,1 @@
+"""Other implementations the library measures itself against (optional dependencies)."""

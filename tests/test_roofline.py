@@ -1,0 +1,52 @@
+"""The roofline estimate of a round's cost: weight bytes counted as a forward reads them, the
+larger of memory and compute time, and r in decode forwards."""
+
+import pytest
+import torch
+
+from eagle3_ext.engine.config import TreeConfig
+from eagle3_ext.engine.roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab=100, hidden=8, tied=True):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.proj = torch.nn.Linear(hidden, hidden, bias=False)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+def test_weights_read_counts_a_tied_table_once_and_skips_lookup_only_tables():
+    tied = weights_read(TinyLM(tied=True))
+    assert tied == {"bytes": (100 * 8 + 8 * 8) * 4, "elements": 100 * 8 + 8 * 8}
+    untied = weights_read(TinyLM(tied=False).to(torch.bfloat16))   # the embedding is only looked up
+    assert untied == {"bytes": (8 * 8 + 100 * 8) * 2, "elements": 8 * 8 + 100 * 8}
+
+
+def test_forward_time_is_the_larger_of_memory_and_compute():
+    rates = MachineRates(bandwidth_gb_s=10.0, matmul_gflop_s=100.0)
+    assert rates.forward_s(10**9, 10**6, tokens=1) == pytest.approx(0.1)         # 1 GB at 10 GB/s
+    assert rates.forward_s(10**6, 10**9, tokens=16) == pytest.approx(0.32)       # 32 GFLOP at 100 GFLOP/s
+
+
+def test_round_cost_in_decode_forwards():
+    target, draft = TinyLM(vocab=1000, hidden=32), TinyLM(vocab=1000, hidden=32)
+    rates = MachineRates(bandwidth_gb_s=1.0, matmul_gflop_s=1e6)    # memory-bound at every size here
+    est = estimate_round_cost(target, draft, TreeConfig(5, 2, 16, lookup_tokens=0), rates)
+    # memory-bound: a verify reads the target once (1 decode forward), each of the 5 draft
+    # forwards reads the draft once, and the draft is as large as the target here
+    assert est["verify"] == pytest.approx(1.0) and est["draft"] == pytest.approx(5.0)
+    assert est["r"] == pytest.approx(6.0)
+    slow_compute = MachineRates(bandwidth_gb_s=1e6, matmul_gflop_s=1.0)
+    est = estimate_round_cost(target, draft, TreeConfig(5, 2, 16, lookup_tokens=0), slow_compute)
+    assert est["verify"] == pytest.approx(16.0)  # compute-bound: 16 tree tokens cost 16 decode tokens
+
+
+def test_measured_rates_are_plausible():
+    rates = measure_machine(torch.float32)
+    assert 0.1 < rates.bandwidth_gb_s < 10_000 and 0.1 < rates.matmul_gflop_s < 1_000_000
