@@ -123,6 +123,7 @@ CLI_CASES = [
     (GEN, "--check-ranks", "wrong type", ["--check-ranks=no"], "--check-ranks: ignored explicit argument"),
     (GEN, "--no-strict-capture", "wrong type", ["--no-strict-capture=0"], "--no-strict-capture: ignored explicit"),
     (GEN, "--json", "wrong type", ["--json=1"], "--json: ignored explicit argument '1'"),
+    (GEN, "--compile", "wrong type", ["--compile=1"], "--compile: ignored explicit argument '1'"),
     # --- bench ------------------------------------------------------------------------------------
     (BENCH, "--target", "missing path", ["--target", "{missing}", "--draft", "{draft}"],
      "--target: {missing} does not"),
@@ -169,6 +170,7 @@ CLI_CASES = [
     (BENCH, "--json", "wrong type", ["--json=yes"], "--json: ignored explicit argument 'yes'"),
     (BENCH, "--no-compiled-baseline", "wrong type", ["--no-compiled-baseline=1"],
      "--no-compiled-baseline: ignored explicit argument '1'"),
+    (BENCH, "--compile", "wrong type", ["--compile=yes"], "--compile: ignored explicit argument 'yes'"),
     (BENCH, "--no-llama-cpp", "wrong type", ["--no-llama-cpp=no"], "--no-llama-cpp: ignored explicit argument 'no'"),
     # --- train ------------------------------------------------------------------------------------
     (TRAIN, "--target", "missing path", ["--target", "{missing}"], "--target: {missing} does not exist"),

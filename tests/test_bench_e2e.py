@@ -30,6 +30,7 @@ def test_bench_writes_json_markdown_and_plot(pair, capsys):
     compiled = report["runs"][0]["results"][2]
     # One static cache length for the prompt set: compiled once before timing, never again.
     assert compiled["compile_s"] > 0 and compiled["recompiles"] == 0 and compiled["cache_length"] % 64 == 0
+    assert "lossless" in compiled and "outputs" not in compiled  # checked for divergences like the others
     assert report["machine"]["bandwidth_gb_s"] > 0 and report["machine"]["matmul_gflop_s"] > 0
     for run in report["runs"]:
         for r in run["results"]:
@@ -118,3 +119,14 @@ def test_round_cost_is_counted_in_decode_steps():
     assert cost["other"] == pytest.approx((1.0 - 0.76) / 10 / 0.02)  # all but the five timed parts
     assert cost["decode_step_ms"] == pytest.approx(20.0)
     assert cost["draft_step_ms"] == pytest.approx(0.2 / 10 / 4 * 1e3)  # four draft forwards a round
+
+
+def test_compile_adds_a_compiled_row_per_configuration(pair, capsys):
+    rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
+                   str(pair / "prompts.jsonl"), "--num-prompts", "1", "--max-new-tokens", "8", "--batch-sizes", "1",
+                   "--tree", "3,1,4", "--compile", "--no-compiled-baseline", "--no-llama-cpp",
+                   "--out", str(pair / "compiled"), "--json"])
+    assert rc == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)["runs"][0]["results"]}
+    assert rows["chain3"]["compiled"] is False and rows["chain3+compiled"]["compiled"] is True
+    assert rows["chain3+compiled"]["compile_s"] > 0 and rows["chain3+compiled"]["identical"] is True

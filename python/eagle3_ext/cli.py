@@ -118,6 +118,8 @@ def _add_generate(sub) -> None:
                    help="under torchrun: verify that every rank produced the same tokens")
     p.add_argument("--no-strict-capture", action="store_true",
                    help="warn instead of failing when the captured states do not match the draft's fingerprint")
+    p.add_argument("--compile", action="store_true",
+                   help="run the verify forward as one torch.compile graph over a static cache (compiles first)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -138,7 +140,8 @@ def _run_generate(args) -> int:
                               num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
                               lookup_ngram=args.lookup_ngram, chain=args.chain, attention=args.attention,
                               seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
-                              check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture)
+                              check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture,
+                              compile=args.compile)
     this_rank = rank()
     try:
         report = run_generate(request, progress=not args.json)
@@ -252,6 +255,8 @@ def _add_bench(sub) -> None:
                    help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
     p.add_argument("--no-compiled-baseline", action="store_true",
                    help="leave out HF generate with a static cache and torch.compile (it compiles first)")
+    p.add_argument("--compile", action="store_true",
+                   help="also run every configuration with its verify forward compiled, as NAME+compiled")
     p.add_argument("--no-llama-cpp", action="store_true",
                    help="leave out llama.cpp's greedy decoding (run when llama-cpp-python and gguf are installed)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -280,7 +285,7 @@ def _run_bench(args) -> int:
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
                       num_prompts=args.num_prompts, compiled_baseline=not args.no_compiled_baseline,
-                      llama_cpp=not args.no_llama_cpp,
+                      llama_cpp=not args.no_llama_cpp, compile=args.compile,
                       prompts=load_prompts(args.prompts) if args.prompts else None)
     if args.tree:
         cfg.configs = _parse_trees(args.tree)

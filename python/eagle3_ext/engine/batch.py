@@ -25,6 +25,7 @@ from .processors import process_next, process_tree
 from .settings import GenerateSettings
 from .stats import GenerationStats
 from .stopping import StopRule
+from .compiled_verify import node_buckets, static_capacity
 from .target import TargetRunner
 
 
@@ -60,7 +61,13 @@ class Batch:
                 r.lookup = NgramLookup(tree.lookup_ngram, tree.lookup_tokens)
                 r.lookup.tokens.extend(r.prompt)
         self.stats = GenerationStats(depth_accepted=[0] * generator.tree.depth)
-        self.runner = TargetRunner(generator.target, generator.capture, generator.use_tree_attention)
+        capacity = 0
+        if generator.compiled is not None:
+            capacity = static_capacity(max(len(p) for p in prompts), max(r.rule.limit for r in self.requests),
+                                       tree.num_draft_tokens)
+        self.runner = TargetRunner(generator.target, generator.capture, generator.use_tree_attention,
+                                   generator.compiled, capacity,
+                                   node_buckets(tree.num_draft_tokens, tree.lookup_tokens))
         self.roots: Optional[torch.Tensor] = None
         self.inputs: Optional[DraftInputs] = None
         self.dcache = None

@@ -49,6 +49,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     compiled_baseline: bool = True            # HF generate with a static cache and torch.compile (batch 1)
     llama_cpp: bool = True                    # llama.cpp's greedy decoding when llama-cpp-python is installed
+    compile: bool = False                     # also every configuration with its verify forward compiled
     out: str = "bench-results/e2e"
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
@@ -69,6 +70,7 @@ class BenchConfig:
         validation.integer("prompt_lookup_tokens", self.prompt_lookup_tokens, 1)
         validation.boolean("compiled_baseline", self.compiled_baseline)
         validation.boolean("llama_cpp", self.llama_cpp)
+        validation.boolean("compile", self.compile)
         if isinstance(self.batch_sizes, (int, str)) or not self.batch_sizes:
             raise TypeError(f"batch_sizes must be a non-empty list of integers, got {self.batch_sizes!r}")
         for i, bs in enumerate(self.batch_sizes):
@@ -93,6 +95,9 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
     target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype, cfg.draft_dtype)
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
+    if cfg.compile:  # beside each configuration, the same with its verify forward compiled
+        gens.update({f"{name}+compiled": SpeculativeGenerator(target, draft, tree, tokenizer=tok, compile=True)
+                     for name, tree in cfg.configs.items()})
     for gen in gens.values():  # every call of the run, checked before the first one runs
         for bs in cfg.batch_sizes:
             for start in range(0, len(prompts), bs):
@@ -147,7 +152,11 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str,
         rows.update(_peer_rows(cfg, target_dir, target, tok, groups, base_outputs, base_tokens / base_time,
                                left_out, progress))
     for name, gen in gens.items():
-        gen.generate(prompts[:1], max_new_tokens=4)  # warm-up
+        # Warm-up; compiled, over the first group at full length so that every tree size compiles
+        # here (what still compiles in the timed calls is in its time and in compile_s).
+        compiled = gen.compiled is not None
+        warm = gen.generate(groups[0], max_new_tokens=cfg.max_new_tokens if compiled else 4,
+                            return_dict_in_generate=True)
         results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True)
                    for group in groups]
         s = GenerationStats.combine([r.stats for r in results])
@@ -159,6 +168,7 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str,
                       "lookup_tokens": gen.tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
                       "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s, gen.tree),
                       "roofline": estimate_round_cost(target, gen.draft, gen.tree, rates, bs),
+                      "compiled": compiled, "compile_s": warm.stats.compile_time_s + s.compile_time_s,
                       **_compare(target, tok, prompts, outputs, base_outputs)}
         if progress:
             print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
@@ -175,8 +185,9 @@ def _peer_rows(cfg: BenchConfig, target_dir: str, target, tok, groups, base_outp
 
     rows = {}
     if cfg.compiled_baseline:
-        rows["hf_static_compile"] = bench_peers.compiled_baseline_row(target, tok, groups, cfg.max_new_tokens,
-                                                                      base_outputs, base_rate)
+        row = bench_peers.compiled_baseline_row(target, tok, groups, cfg.max_new_tokens, base_outputs, base_rate)
+        row.update(_compare(target, tok, [g[0] for g in groups], row.pop("outputs"), base_outputs))
+        rows["hf_static_compile"] = row
     reason = bench_peers.llama_cpp_reason(target_dir) if cfg.llama_cpp else "not requested"
     if reason is None:
         rows["llama_cpp"] = bench_peers.llama_cpp_row(target_dir, target, tok, groups, cfg.max_new_tokens,
@@ -269,9 +280,12 @@ def markdown(report: Dict[str, Any]) -> str:
                          f"{cost} | {roof} | {step} | {_identical_cell(r)} |")
         lines.append("")
         for r in run["results"]:
-            if "compile_s" in r:
+            if "recompiles" in r:
                 lines.append(f"{r['method']}: compiled in {r['compile_s']:.1f} s (not in its time), "
                              f"{r['recompiles']} recompilations while timed, static cache length {r['cache_length']}.")
+            elif r.get("compiled"):
+                lines.append(f"{r['method']}: verify forward compiled, {r['compile_s']:.1f} s of compilation "
+                             "(warm-up and timed calls; what fell in the timed calls is in its time).")
             if "convert_s" in r:
                 lines.append(f"{r['method']}: the target as f32 GGUF ({r['convert_s']:.1f} s to convert or find), "
                              f"{r['threads']} threads.")
@@ -344,7 +358,7 @@ def run_sweep(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     """Batch 1 over the sweep grid (or cfg.configs when given); names the fastest."""
     cfg.batch_sizes = (1,)
     report = run_bench(cfg, progress)
-    results = [r for r in report["runs"][0]["results"] if r["method"] in cfg.configs]  # not the baselines
+    results = [r for r in report["runs"][0]["results"] if "round_cost" in r]  # not the baselines
     best = max(results, key=lambda r: r["tokens_per_s"])
     report["best"] = best
     with open(os.path.join(cfg.out, "bench.json"), "w") as f:

@@ -25,6 +25,7 @@ from ..draft.aux_layers import describe_fix
 from .architecture import check_served
 from .batch import Batch
 from .capture import AuxHiddenCapture
+from .compiled_verify import CompiledVerify
 from .config import TreeConfig
 from .memory import check_fits
 from .inputs import prepare
@@ -68,6 +69,10 @@ class SpeculativeGenerator:
             passes a 4D mask.
         check_ranks: under tensor parallelism, verify after each call that every rank produced the
             same tokens (an all-gather; default: the EAGLE3_CHECK_RANKS environment variable).
+        compile: run the verify forward as one ``torch.compile`` graph over a static KV cache
+            (engine/compiled_verify.py): faster rounds after a one-off compilation per batch size
+            and cache capacity (reported in the stats as ``compile_time_s``). Tree attention only,
+            one process (not under tensor parallelism).
         strict: the capture guard. When the draft carries an activation fingerprint, the first
             ``generate`` runs the fingerprint's probe through the target and compares the
             captured states with it before any draft step; a mismatch (a capture of other layers
@@ -79,7 +84,8 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target, draft: Eagle3DraftModel, tree: TreeConfig = TreeConfig(), tokenizer=None,
-                 attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True):
+                 attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True,
+                 compile: bool = False):
         if not (hasattr(target, "config") and callable(getattr(target, "get_input_embeddings", None))):
             raise TypeError(f"target must be a transformers causal LM (from AutoModelForCausalLM), got "
                             f"{type(target).__name__}; SpeculativeGenerator.from_pretrained also takes a directory")
@@ -94,6 +100,12 @@ class SpeculativeGenerator:
             raise TypeError(f"tree must be a TreeConfig, got {type(tree).__name__}")
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be True or False, got {strict!r}")
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False, got {compile!r}")
+        if compile and attention != "tree":
+            raise ValueError("compile=True needs attention='tree' (the compiled graph runs eagle3.tree_attention)")
+        if compile and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise ValueError("compile=True is not supported under tensor parallelism yet; run without it")
         check_served(target.config)
         self.target = target
         self.draft = draft.eval()
@@ -110,13 +122,14 @@ class SpeculativeGenerator:
         self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
         self.strict = strict
         self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
+        self.compiled = CompiledVerify(target) if compile else None
         self._warned_draft_context = False
 
     @classmethod
     def from_pretrained(cls, target, draft, *, tokenizer=None, dtype: Union[None, str, torch.dtype] = None,
                         draft_dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
                         tree: Optional[TreeConfig] = None, attention: str = "tree", strict: bool = True,
-                        check_ranks: Optional[bool] = None) -> "SpeculativeGenerator":
+                        check_ranks: Optional[bool] = None, compile: bool = False) -> "SpeculativeGenerator":
         """A generator from a target and a draft, each a directory or an already loaded model.
 
         ``dtype`` / ``draft_dtype``: the target's and the draft's dtype (a torch.dtype or its
@@ -126,7 +139,7 @@ class SpeculativeGenerator:
         from .loading import load_pair_for_generation
         target_model, draft_model, tok = load_pair_for_generation(target, draft, tokenizer, dtype, draft_dtype, device)
         return cls(target_model, draft_model, tree or TreeConfig(), tokenizer=tok, attention=attention,
-                   check_ranks=check_ranks, strict=strict)
+                   check_ranks=check_ranks, strict=strict, compile=compile)
 
     # --- generation ------------------------------------------------------------------------
     @torch.no_grad()
@@ -161,6 +174,7 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.put(prompts.echo.cpu())
         started = time.perf_counter()
+        compiled_before = self.compiled.compile_s if self.compiled is not None else 0.0
         with self._session():
             guard_s = self._guard_capture()
             batch = Batch(self, prompts.ids, settings, rng)
@@ -174,6 +188,8 @@ class SpeculativeGenerator:
             tp.check_ranks_agree(new)
         stats = batch.stats
         stats.guard_time_s = guard_s
+        if self.compiled is not None:  # inside verify_time_s; reported apart as well
+            stats.compile_time_s = self.compiled.compile_s - compiled_before
         stats.total_time_s = time.perf_counter() - started
         stats.new_tokens = sum(len(t) for t in new)
         sequences = self._sequences(prompts.echo, new, settings.pad_token_id)

@@ -34,10 +34,11 @@ class GenerateRequest:
     draft_dtype: Optional[str] = None   # None: as the draft was saved
     check_ranks: bool = False
     strict_capture: bool = True         # the capture guard raises (False: warns)
+    compile: bool = False               # the verify forward as one compiled graph
 
     def __post_init__(self) -> None:
         from ..dtypes import check_dtype_name
-        from ..validation import choice, integer, text
+        from ..validation import boolean, choice, integer, text
         from .settings import MAX_SEED
 
         if self.prompt is not None:
@@ -46,6 +47,7 @@ class GenerateRequest:
         SamplingConfig(self.temperature, self.top_p, self.top_k)
         integer("seed", self.seed, 0, MAX_SEED)
         choice("attention", self.attention, ("tree", "sdpa"))
+        boolean("compile", self.compile)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
         self.tree()  # the tree options, checked now rather than after the models load
@@ -94,7 +96,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     target_dir, draft_dir = resolve_models(req.target, req.draft)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
     gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
-                               check_ranks=req.check_ranks or None, strict=req.strict_capture)
+                               check_ranks=req.check_ranks or None, strict=req.strict_capture, compile=req.compile)
     prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
     streamer = None
     if progress and tp.rank() == 0:
@@ -103,8 +105,10 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     sample: Dict[str, Any] = dict(do_sample=False, seed=req.seed)
     if req.temperature > 0:  # the sampling options only when sampling (transformers warns otherwise)
         sample.update(do_sample=True, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
-    # A short warm-up so one-time costs (allocator, first kernel calls) hit neither side.
-    gen.generate(prompt, max_new_tokens=4, **sample)
+    # A warm-up so one-time costs (allocator, first kernel calls, compilation) hit neither side;
+    # compiled, as long as the real call so that every tree size compiles here.
+    warm = gen.generate(prompt, max_new_tokens=req.max_new_tokens if req.compile else 4, return_dict_in_generate=True,
+                        **sample)
     out = gen.generate(prompt, max_new_tokens=req.max_new_tokens, streamer=streamer, return_dict_in_generate=True,
                        **sample)
     stats = out.stats
@@ -113,6 +117,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "target_forwards": stats.target_forwards, "acceptance_length": stats.acceptance_length,
         "depth_acceptance": stats.depth_acceptance, "tokens_per_s": stats.tokens_per_s,
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
+        "compiled": req.compile, "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
         "lookup_proposed": stats.lookup_proposed, "lookup_accepted": stats.lookup_accepted,
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens,
                  "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram},

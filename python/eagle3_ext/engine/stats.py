@@ -27,6 +27,7 @@ class GenerationStats:
     accept_time_s: float = 0.0        # greedy / sampling verification
     compact_time_s: float = 0.0       # KV compaction and next-round inputs
     guard_time_s: float = 0.0         # the capture guard's probe forward (first call only)
+    compile_time_s: float = 0.0       # compile=True: verify calls that compiled a new shape (within verify_time_s)
     total_time_s: float = 0.0
 
     @property

@@ -1,9 +1,10 @@
 """The target side of a round: prefill, the verify forward over a draft tree, and keeping
 exactly the accepted path in the target's KV cache.
 
-All requests share one Hugging Face DynamicCache whose layers all keep the full history (a
-sliding-window layer's cache would drop the positions a rejected round has to fall back to;
-the window is applied by the attention instead). Layout: request b's committed tokens sit at
+All requests share one Hugging Face DynamicCache (with a compiled verify, a StaticCache of
+fixed capacity) whose layers all keep the full history (a sliding-window layer's cache would
+drop the positions a rejected round has to fall back to; the window is applied by the
+attention instead). Layout: request b's committed tokens sit at
 cache slots ``[0, seq_lens[b])``, in order, slot = position; slots after them are stale. The
 prefill is left-padded, as Hugging Face's own batched generate runs it, and is then
 left-aligned once. A verify forward appends the N tree tokens of every request at the end of
@@ -22,12 +23,13 @@ request.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
 from ..tree import DraftTree
 from .capture import AuxHiddenCapture
+from .compiled_verify import CompiledVerify
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -49,13 +51,22 @@ def layer_windows(config) -> Dict[str, Optional[int]]:
 
 
 class TargetRunner:
-    def __init__(self, model, capture: AuxHiddenCapture, use_tree_attention: bool):
+    """``compiled`` (with ``capacity``, ``node_buckets``): the verify forward runs as ``compiled``'s
+    graph over a static cache of ``capacity`` slots, every tree padded to the smallest bucket
+    that holds it so that the graph has few shapes (engine/compiled_verify.py); the layout is
+    the same."""
+
+    def __init__(self, model, capture: AuxHiddenCapture, use_tree_attention: bool,
+                 compiled: Optional[CompiledVerify] = None, capacity: int = 0, node_buckets: Sequence[int] = ()):
         from transformers import DynamicCache
 
         self.model = model
         self.capture = capture
         self.use_tree_attention = use_tree_attention
-        self.cache = DynamicCache()  # full layers only, whatever the config says (see above)
+        self.compiled = compiled
+        self.node_buckets = sorted(node_buckets)
+        # full layers only, whatever the config says (see above)
+        self.cache = compiled.new_cache(capacity) if compiled is not None else DynamicCache()
         self.seq_lens: Optional[torch.Tensor] = None   # [B] int64: committed tokens per request
         self.windows = layer_windows(model.config)
         self._tree_start: Optional[torch.Tensor] = None  # [B] the slot of the last verify's tree
@@ -65,6 +76,10 @@ class TargetRunner:
             out = self.model(cache=self.cache, use_cache=True, **kwargs)
             aux = self.capture.take()
         return TargetOutput(out.logits, aux)
+
+    def _length(self) -> int:
+        """Slots in use (a static cache counts them in a tensor)."""
+        return int(self.cache.get_seq_length())
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TargetOutput:
         """input_ids [B, L] left-padded, attention_mask [B, L] (1 = token). Returns the outputs
@@ -81,11 +96,12 @@ class TargetRunner:
             # Slot j of request b takes its padded slot pads[b] + j (clamped: stale beyond its length).
             src = (pads[:, None] + torch.arange(input_ids.shape[1], device=pads.device)).clamp(
                 max=input_ids.shape[1] - 1)
+            length = input_ids.shape[1]
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
-                    buf = getattr(layer, name)
+                    buf = getattr(layer, name)[:, :, :length]  # in place: a static cache keeps its buffers
                     index = src[:, None, :, None].expand(buf.shape[0], buf.shape[1], src.shape[1], buf.shape[3])
-                    setattr(layer, name, torch.gather(buf, 2, index))
+                    buf.copy_(torch.gather(buf, 2, index))
         return out
 
     @property
@@ -98,14 +114,35 @@ class TargetRunner:
         b, n = tree.draft_tokens.shape
         tree_mask = tree.tree_mask.view(b, n, n)
         positions = tree.positions.view(b, n)
-        s = self.cache.get_seq_length()
+        s = self._length()
         self._tree_start = torch.full_like(self.seq_lens, s)  # where the cache appends the tree
+        if self.compiled is not None:
+            return self._compiled_verify(tree.draft_tokens, positions, tree_mask)
         if self.use_tree_attention:
             extra = {"tree_start": self._tree_start} if self.ragged else {}
             return self._forward(input_ids=tree.draft_tokens, position_ids=positions, tree_mask=tree_mask,
                                  cache_lens=self.seq_lens, **extra)
         return self._forward(input_ids=tree.draft_tokens, position_ids=positions,
                              attention_mask=self._sdpa_masks(tree_mask, positions, s))
+
+    def _compiled_verify(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> TargetOutput:
+        """The tree padded to its node bucket (hybrid drafting makes trees of varying size): a
+        padding node sees only itself and nobody sees it; its outputs are cut off and its cache
+        slots, past the real tree, are dropped by ``commit``."""
+        b, n = tokens.shape
+        size = next(s for s in self.node_buckets if s >= n)
+        pad = size - n
+        if pad > 0:
+            tokens = torch.cat([tokens, tokens.new_zeros(b, pad)], dim=1)
+            positions = torch.cat([positions, positions[:, :1].expand(b, pad)], dim=1)
+            mask = torch.zeros(b, size, size, dtype=torch.bool, device=tree_mask.device)
+            mask[:, :n, :n] = tree_mask
+            mask[:, n:, n:] = torch.eye(pad, dtype=torch.bool, device=tree_mask.device)
+            tree_mask = mask
+        with torch.no_grad(), self.capture:
+            logits = self.compiled(self.cache, tokens, positions, tree_mask, self.seq_lens, self._tree_start)
+            aux = self.capture.take()
+        return TargetOutput(logits[:, :n], [a[:, :n] for a in aux])
 
     def _sdpa_masks(self, tree_mask: torch.Tensor, positions: torch.Tensor, s: int) -> Union[torch.Tensor, dict]:
         """Additive masks [B, 1, N, S + N] for the model's own attention, per layer type."""
@@ -130,7 +167,7 @@ class TargetRunner:
             layer.keys = layer.keys.index_select(0, keep)
             layer.values = layer.values.index_select(0, keep)
         self.seq_lens = self.seq_lens.index_select(0, keep)
-        surplus = self.cache.get_seq_length() - int(self.seq_lens.max())
+        surplus = self._length() - int(self.seq_lens.max())
         if surplus > 0:
             self.cache.crop(-surplus)
 
@@ -149,6 +186,6 @@ class TargetRunner:
                 moved = torch.gather(buf, 2, src[:, None, :, None].expand(shape))
                 buf.scatter_(2, dst[:, None, :, None].expand(shape), moved)
         self.seq_lens = self.seq_lens + counts
-        surplus = self.cache.get_seq_length() - int(self.seq_lens.max())
+        surplus = self._length() - int(self.seq_lens.max())
         if surplus > 0:
             self.cache.crop(-surplus)

@@ -1,0 +1,59 @@
+"""compile=True: the verify forward as one compiled graph over a static cache. Token-identical
+to the target's greedy decoding with hybrid drafting (trees of varying size, padded to a few
+sizes) and with requests leaving a batch; the shapes compile once and not again."""
+
+import pytest
+import torch
+
+from eagle3_ext import Eagle3DraftModel
+from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE, node_buckets, static_capacity
+from tiny_models import make_trained_pair
+
+PROMPTS = ["def value key item value key item value key", "class index count index count",
+           "for while if else for while if"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("compiled")
+    target, tok = make_trained_pair(str(d), layers=4, steps=20)
+    draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
+    return target, tok, draft
+
+
+def test_buckets_and_capacity():
+    assert node_buckets(16, 0) == [16]                 # without lookup every tree is full
+    assert node_buckets(16, 10) == [6, 11, 16]         # a round without a lookup match has 6 nodes
+    assert node_buckets(4, 10) == [1, 3, 4]
+    assert static_capacity(100, 128, 16) == CAPACITY_MULTIPLE
+    assert static_capacity(CAPACITY_MULTIPLE, 1, 16) == 2 * CAPACITY_MULTIPLE
+
+
+def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
+    target, tok, draft = pair
+    gen = SpeculativeGenerator(target, draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok, compile=True)
+    # A stop token the first row emits early: rows finish at different rounds and the batch
+    # shrinks (a smaller batch is another shape).
+    stop = hf_generate(target, tok, PROMPTS[:1], 24, stop_at_eos=False)[0][0][5]
+    expected = hf_generate(target, tok, PROMPTS, 24, eos_token_id=stop)[0]
+    assert len({len(e) for e in expected}) > 1
+    first = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
+    assert first.new_tokens == expected
+    assert first.stats.compile_time_s > 0
+    for prompt, want in zip(PROMPTS, expected):
+        out = gen.generate(prompt, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
+        assert out.new_tokens == [want]
+    again = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
+    assert again.new_tokens == expected
+    assert again.stats.compile_time_s == 0  # the same shapes: nothing compiled a second time
+
+
+def test_compile_is_checked(pair):
+    target, tok, draft = pair
+    with pytest.raises(TypeError, match="compile must be True or False, got 'yes'"):
+        SpeculativeGenerator(target, draft, tokenizer=tok, compile="yes")
+    with pytest.raises(ValueError, match="compile=True needs attention='tree'"):
+        SpeculativeGenerator(target, draft, tokenizer=tok, attention="sdpa", compile=True)
+    assert torch.compiler.is_compiling() is False
