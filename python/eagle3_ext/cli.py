@@ -61,8 +61,10 @@ def _add_train(sub) -> None:
 
 
 def _run_train(args) -> int:
+    from .distributed import init_from_env, rank, shutdown
     from .train import TrainConfig, train
 
+    init_from_env()  # under torchrun: data-parallel ranks (a no-op otherwise)
     config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
                          draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
                          lr=args.lr, batch_tokens=args.batch_tokens, max_len=args.max_len, dtype=args.dtype,
@@ -71,13 +73,24 @@ def _run_train(args) -> int:
                          export_specforge=not args.no_specforge_export, export_vllm=not args.no_vllm_export,
                          norm_before_residual=args.norm_before_residual, fc_norm=args.fc_norm,
                          norm_before_fc=args.norm_before_fc, norm_output=args.norm_output)
-    result = train(config)
+    this_rank = rank()
+    try:
+        result = train(config)
+    except BaseException:
+        shutdown(wait_for_peers=False)  # a peer may never reach a barrier
+        raise
+    shutdown()
+    if this_rank != 0:  # only rank 0 reports
+        return 0
     if args.json:
         print(json.dumps({"out": result.out, "step": result.step, **result.metrics}))
     else:
         acc = " ".join(f"{a:.3f}" for a in result.metrics["acc"])
         print(f"draft written to {result.out} after {result.step} steps; acc per step [{acc}], expected "
-              f"acceptance length {result.metrics['expected_acceptance_length']:.2f}")
+              f"acceptance length {result.metrics['expected_acceptance_length']:.2f}; "
+              f"{result.metrics['train_tokens_per_s']:.0f} training tokens/s over {result.metrics['world_size']} "
+              f"process(es), peak memory per process "
+              f"{', '.join(f'{m:.0f}' for m in result.metrics['peak_memory_mib_per_rank'])} MiB")
     return 0
 
 

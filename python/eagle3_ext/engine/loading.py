@@ -63,14 +63,15 @@ def torch_dtype(name: Union[None, str, torch.dtype], what: str) -> Optional[torc
     return DTYPES[name]
 
 
-def load_target(path: str, dtype: Optional[torch.dtype]):
-    """AutoModelForCausalLM from ``path`` (under torchrun: sharded with the TP plan)."""
+def load_target(path: str, dtype: Optional[torch.dtype], shard: bool = True):
+    """AutoModelForCausalLM from ``path`` (under torchrun and with ``shard``: sharded with the TP
+    plan; without, a whole copy on every rank, as data parallelism wants it)."""
     from transformers import AutoModelForCausalLM
 
     from ..distributed import tp
 
     check_target_dir(path)
-    if tp.is_distributed():
+    if shard and tp.is_distributed():
         return tp.load_target(path, dtype or torch.float32)
     try:
         return AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {}))

@@ -22,8 +22,9 @@ from ..dtypes import DTYPES, check_dtype_name
 from ..engine.capture import AuxHiddenCapture
 from ..engine.loading import check_context, load_target, load_tokenizer
 from .data import batches, collate, load_examples
+from .data_parallel import DataParallel
 from .interrupt import StopRequest
-from .ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
+from .ttt import StepAccuracy, TTTStats, expected_acceptance_length, target_pass, ttt_forward
 from .vocab import build_vocab_mapping
 
 logger = logging.getLogger(__name__)
@@ -151,9 +152,10 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         config.validate()
         self.config = config
+        self.dp = DataParallel()  # one rank outside torchrun
         torch.manual_seed(config.seed)
         dtype = DTYPES[config.dtype]
-        self.target = load_target(config.target, dtype).eval()
+        self.target = load_target(config.target, dtype, shard=False).eval()  # data parallel: a whole copy
         self.tokenizer = load_tokenizer(config.target)
         self.target.requires_grad_(False)
         layers, _, vocab = target_dims(self.target.config)
@@ -198,6 +200,7 @@ class Trainer:
                 self.draft.d2t.copy_(d2t)
                 self.draft.t2d.copy_(t2d)
                 self._init_from_target()
+        self.dp.broadcast_module(self.draft)  # every replica starts from rank 0's draft
         self.draft.bind_embeddings(self.target.get_input_embeddings())
         self.draft.validate_against_target(self.target.config)
         if self.draft.config.fingerprint is None:
@@ -210,6 +213,8 @@ class Trainer:
             self.optimizer.load_state_dict(saved["optimizer"])
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.history: List[Dict[str, Any]] = self._load_history()
+        self.train_losses: List[Dict[str, float]] = self._load_history("train_loss")
+        self.throughput = {"tokens": 0, "seconds": 0.0}
         logger.info("draft reads aux layers %s (%s)", self.draft.aux_layer_ids, CONVENTION_DOC)
 
     def _init_from_target(self) -> None:
@@ -222,11 +227,11 @@ class Trainer:
         if norm is not None and getattr(norm, "weight", None) is not None:
             self.draft.norm.weight.copy_(norm.weight.float())
 
-    def _load_history(self) -> List[Dict[str, Any]]:
+    def _load_history(self, key: str = "evals") -> List[Dict[str, Any]]:
         path = os.path.join(self.config.out, "metrics.json")
         if self.config.resume and os.path.exists(path):
             with open(path) as f:
-                return json.load(f)["evals"]
+                return json.load(f).get(key, [])
         return []
 
     def _lr(self, step: int, total: int) -> float:
@@ -236,28 +241,52 @@ class Trainer:
         progress = (step - warm) / max(1, total - warm)
         return self.config.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
-    def _run_batch(self, batch, train: bool):
-        ids, loss_mask, valid = collate(batch, self.pad_id)
+    def _run_batch(self, batch, train: bool) -> TTTStats:
+        """This rank's share of a global batch: its loss (normalised by the whole batch's counts)
+        and its counts."""
+        steps = self.config.ttt_steps
         device = self.draft.fc.weight.device
+        batch = self.dp.local(batch)
+        if not batch:  # fewer examples than ranks: this one only joins the count reduction
+            self.dp.sum(torch.zeros(steps, device=device))
+            return TTTStats(loss=torch.zeros((), device=device), step_loss=[0.0] * steps, correct=[0] * steps,
+                            counted=[0] * steps)
+        ids, loss_mask, valid = collate(batch, self.pad_id)
         ids, loss_mask, valid = ids.to(device), loss_mask.to(device), valid.to(device)
         with self.capture:
             logits, aux = target_pass(self.target, self.capture, ids, valid, torch.float32)
         amp = DTYPES[self.config.amp] if self.config.amp else None
         # Master weights and the losses stay fp32; autocast runs the draft's matmuls in ``amp``.
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            return ttt_forward(self.draft, aux, logits, ids, loss_mask, valid, self.config.ttt_steps)
+            return ttt_forward(self.draft, aux, logits, ids, loss_mask, valid, steps,
+                               reduce_counts=self.dp.sum if self.dp.enabled else None)
+
+    def _global(self, stats: TTTStats) -> TTTStats:
+        """The whole batch's loss and counts (summed over the ranks), without gradients."""
+        if not self.dp.enabled:
+            return TTTStats(loss=stats.loss.detach(), correct=stats.correct, counted=stats.counted)
+        steps = len(stats.correct)
+        t = torch.tensor([float(stats.loss.detach())] + stats.correct + stats.counted, dtype=torch.float64,
+                         device=self.draft.fc.weight.device)
+        t = self.dp.sum(t).tolist()
+        return TTTStats(loss=torch.tensor(t[0]), correct=[int(c) for c in t[1:1 + steps]],
+                        counted=[int(c) for c in t[1 + steps:]])
 
     def evaluate(self) -> Dict[str, Any]:
         self.draft.eval()
         total = StepAccuracy(self.config.ttt_steps)
         for batch in batches(self.val, self.config.batch_tokens, range(len(self.val))):
-            stats = self._run_batch(batch, train=False)
+            stats = self._global(self._run_batch(batch, train=False))
             total.add(stats, float(stats.loss))
         self.draft.train()
         return {"step": self.state["step"], "val_loss": total.mean_loss, "acc": total.acc,
                 "expected_acceptance_length": expected_acceptance_length(total.acc)}
 
     def _save(self, metrics: Dict[str, Any]) -> None:
+        """Rank 0 writes; the others wait until it has (a resume may follow at any world size)."""
+        if not self.dp.is_main:
+            self.dp.barrier()
+            return
         out = self.config.out
         ckpt = os.path.join(out, "checkpoint")
         os.makedirs(ckpt, exist_ok=True)
@@ -265,7 +294,9 @@ class Trainer:
         torch.save({"state": self.state, "optimizer": self.optimizer.state_dict(),
                     "config": asdict(self.config)}, os.path.join(ckpt, "trainer_state.pt"))
         with open(os.path.join(out, "metrics.json"), "w") as f:
-            json.dump({"evals": self.history, "final": metrics}, f, indent=2)
+            json.dump({"evals": self.history, "final": metrics, "train_loss": self.train_losses,
+                       "world_size": self.dp.world}, f, indent=2)
+        self.dp.barrier()
 
     def train(self) -> TrainResult:
         from tqdm.auto import tqdm
@@ -277,7 +308,7 @@ class Trainer:
             total = min(total, cfg.max_steps)
         self.draft.train()
         bar = tqdm(total=total, initial=self.state["step"], desc="eagle3 train", file=sys.stderr,
-                   disable=not cfg.progress, dynamic_ncols=True)
+                   disable=not cfg.progress or not self.dp.is_main, dynamic_ncols=True)
         started = time.time()
         if not self.history:  # the untrained draft, so the log shows how far training moved it
             self._eval_and_save(started)
@@ -287,8 +318,25 @@ class Trainer:
         bar.close()
         if not metrics or metrics.get("step") != self.state["step"]:
             metrics = self._eval_and_save(started)
+        metrics.update(self._throughput())
         self.export()
         return TrainResult(out=cfg.out, step=self.state["step"], metrics=metrics)
+
+    def _throughput(self) -> Dict[str, Any]:
+        """Training tokens per second over the steps of this run (global batches, evaluations
+        left out) and each rank's peak memory."""
+        seconds = self.throughput["seconds"]
+        if torch.cuda.is_available() and self.draft.fc.weight.is_cuda:
+            peak = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            import resource
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        peaks = [peak] * self.dp.world
+        if self.dp.enabled:
+            import torch.distributed as dist
+            dist.all_gather_object(peaks, peak)
+        return {"train_tokens_per_s": self.throughput["tokens"] / seconds if seconds else 0.0,
+                "peak_memory_mib_per_rank": peaks, "world_size": self.dp.world}
 
     def _loop(self, epoch_batches, total: int, bar, started: float, metrics: Dict[str, Any],
               stop: StopRequest) -> Dict[str, Any]:
@@ -299,15 +347,22 @@ class Trainer:
                 batch = todo[self.state["batch_in_epoch"]]
                 for group in self.optimizer.param_groups:
                     group["lr"] = self._lr(self.state["step"], total)
+                step_started = time.perf_counter()
                 stats = self._run_batch(batch, train=True)
                 self.optimizer.zero_grad(set_to_none=True)
-                stats.loss.backward()
+                if stats.loss.requires_grad:  # (a rank without examples in this batch has no graph)
+                    stats.loss.backward()
+                self.dp.sum_gradients(self.draft.parameters())
                 torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
                 self.optimizer.step()
                 self.state["step"] += 1
                 self.state["batch_in_epoch"] += 1
-                acc0 = stats.correct[0] / max(1, stats.counted[0])
-                bar.set_postfix(loss=f"{float(stats.loss.detach()):.3f}", acc0=f"{acc0:.2f}")
+                whole = self._global(stats)
+                self.train_losses.append({"step": self.state["step"], "loss": float(whole.loss)})
+                self.throughput["tokens"] += sum(e.input_ids.numel() for e in batch)
+                self.throughput["seconds"] += time.perf_counter() - step_started
+                acc0 = whole.correct[0] / max(1, whole.counted[0])
+                bar.set_postfix(loss=f"{float(whole.loss):.3f}", acc0=f"{acc0:.2f}")
                 bar.update(1)
                 if self.state["step"] % cfg.eval_every == 0 or self.state["step"] == total:
                     metrics = self._eval_and_save(started)
@@ -331,12 +386,20 @@ class Trainer:
         metrics["elapsed_s"] = time.time() - started
         self.history.append(metrics)
         acc = " ".join(f"{a:.3f}" for a in metrics["acc"])
-        print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} acc [{acc}] expected acceptance "
-              f"length {metrics['expected_acceptance_length']:.2f}", file=sys.stderr, flush=True)
+        if self.dp.is_main:
+            print(f"step {metrics['step']}: val_loss {metrics['val_loss']:.4f} acc [{acc}] expected acceptance "
+                  f"length {metrics['expected_acceptance_length']:.2f}", file=sys.stderr, flush=True)
         self._save(metrics)
         return metrics
 
     def export(self) -> None:
+        if not self.dp.is_main:
+            self.dp.barrier()
+            return
+        self._export()
+        self.dp.barrier()
+
+    def _export(self) -> None:
         self.draft.save_pretrained(self.config.out, format="eagle3_ext")
         verifier = {"name_or_path": self.config.target,
                     "architectures": list(getattr(self.target.config, "architectures", None) or [])}

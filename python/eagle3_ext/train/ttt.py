@@ -15,7 +15,7 @@ chat data, beyond the sequence) or the target's top token is outside the draft v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, List, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -89,12 +89,16 @@ def ttt_logits(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], inpu
 
 def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], target_logits: torch.Tensor,
                 input_ids: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor, steps: int,
-                per_token: bool = False) -> TTTStats:
+                per_token: bool = False,
+                reduce_counts: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> TTTStats:
     """Unrolls the draft ``steps`` times over a batch and returns the TTT loss and accuracies.
 
     Shapes: aux_hidden k x [B, T, H_target]; target_logits [B, T, V]; input_ids, loss_mask,
     valid [B, T] (valid = not padding). ``per_token`` also keeps, per step, each position's
     cross-entropy and hit (draft top-1 == target top-1) with the mask of scored positions.
+    ``reduce_counts`` turns this batch's per-step loss normalisers (positions scored, ``[steps]``)
+    into the global ones under data parallelism (a sum over the ranks): each rank's loss is then
+    its share of the whole batch's loss.
     """
     draft_target_ids = torch.arange(draft.config.draft_vocab_size, device=input_ids.device) + draft.d2t
     logits = target_logits.float()
@@ -103,13 +107,20 @@ def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], tar
     target_p = logits[..., draft_target_ids].softmax(-1)              # [B, T, Vd]
     trained = valid & loss_mask
 
+    # What each step scores depends on the target alone, so the normalisers are known (and
+    # reduced across ranks) before the draft runs.
+    weights = [shift(trained, 2 + i, False) & shift(in_draft_vocab, 1 + i, False) for i in range(steps)]
+    counts = torch.stack([w.sum() for w in weights]).float()
+    if reduce_counts is not None:
+        counts = reduce_counts(counts)
+    norms = counts.clamp(min=1)
     stats = TTTStats(loss=torch.zeros((), dtype=torch.float32, device=input_ids.device))
     for i, step_logits in enumerate(ttt_logits(draft, aux_hidden, input_ids, valid, steps)):
         log_p = F.log_softmax(step_logits.float(), dim=-1)
         scored = shift(trained, 2 + i, False)
-        weighted = scored & shift(in_draft_vocab, 1 + i, False)
+        weighted = weights[i]
         ce = -(shift(target_p, 1 + i) * log_p).sum(-1)
-        step_loss = (ce * weighted).sum() / weighted.sum().clamp(min=1)
+        step_loss = (ce * weighted).sum() / norms[i]
         stats.loss = stats.loss + STEP_DECAY ** i * step_loss
         stats.step_loss.append(float(step_loss.detach()))
         hit = (draft_target_ids[log_p.argmax(-1)] == shift(target_top, 1 + i)) & scored
