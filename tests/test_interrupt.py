@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tiny_models import corpus, make_target, make_trained_pair
+from tiny_models import make_trained_pair, make_training_inputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -101,10 +101,7 @@ def test_ctrl_c_during_bench_keeps_the_finished_batch_sizes(pair, tmp_path):
 
 @pytest.fixture(scope="module")
 def train_inputs(tmp_path_factory):
-    d = tmp_path_factory.mktemp("train_interrupt")
-    make_target(str(d / "target"), layers=4)
-    (d / "data.txt").write_text(corpus(300, seed=3))
-    return d
+    return make_training_inputs(tmp_path_factory.mktemp("train_interrupt"))
 
 
 def train_args(inputs, out, *extra):

@@ -11,17 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tiny_models import corpus, make_target
+from tiny_models import make_training_inputs
 
 COMMON = ["--max-len", "32", "--ttt-steps", "3", "--no-specforge-export", "--no-vllm-export", "--json"]
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dp")
-    make_target(str(d / "target"), layers=4)
-    (d / "data.txt").write_text(corpus(120, seed=1))
-    return d
+    return make_training_inputs(tmp_path_factory.mktemp("dp"), lines=120, seed=1)
 
 
 def _train(setup, out, nproc, extra):

@@ -104,6 +104,15 @@ def self_generated_jsonl(target, tokenizer, prompts: int = 96, new_tokens: int =
     return "".join(json.dumps({"input_ids": r}) + "\n" for r in rows)
 
 
+def make_training_inputs(workdir, layers: int = 4, lines: int = 300, seed: int = 3):
+    """A tiny target in ``workdir/target`` and corpus text in ``workdir/data.txt``; returns
+    ``workdir``."""
+    make_target(os.path.join(str(workdir), "target"), layers=layers)
+    with open(os.path.join(str(workdir), "data.txt"), "w") as f:
+        f.write(corpus(lines, seed=seed))
+    return workdir
+
+
 def make_trained_pair(workdir, arch: str = "llama", layers: int = 6, steps: int = 40, self_generated: bool = False,
                       residual_scale: float = 1.0, **train_options):
     """A tiny target in ``workdir/target`` and an EAGLE-3 draft trained on it for ``steps`` steps
