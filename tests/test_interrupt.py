@@ -33,8 +33,11 @@ class Cli:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join([HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                          if p]))
+        # A runner started in the background (nohup, `&` in a script) ignores SIGINT, and a child
+        # inherits that: restore the default so the interrupt reaches the command under test.
         self.proc = subprocess.Popen([sys.executable, "-m", "eagle3_ext", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+                                     stderr=subprocess.PIPE, text=True, env=env,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.out, self.err = [], []
         self._readers = [threading.Thread(target=self._read, args=(s, sink), daemon=True)
                          for s, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
