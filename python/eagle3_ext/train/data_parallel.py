@@ -52,11 +52,17 @@ class DataParallel:
         return tensor
 
     def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Sums every parameter's gradient over the ranks in one flat all-reduce (a parameter
-        without a gradient on this rank contributes zeros and gets the sum)."""
+        """Sums every parameter's gradient over the ranks in one flat all-reduce. A parameter
+        without a gradient on this rank contributes zeros and gets the sum; one without a
+        gradient on every rank keeps none, so the optimizer skips it as a single process would."""
         if not self.enabled:
             return
         params = [p for p in params if p.requires_grad]
+        if not params:
+            return
+        has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
+        dist.all_reduce(has_grad, op=dist.ReduceOp.SUM)
+        params = [p for p, n in zip(params, has_grad.tolist()) if n]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
