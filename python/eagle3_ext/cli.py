@@ -94,6 +94,14 @@ def _run_train(args) -> int:
     return 0
 
 
+def _add_dtype_options(p) -> None:
+    """--dtype and --draft-dtype, as generate and bench take them."""
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                   help="the target's dtype (the numbers that decide the output)")
+    p.add_argument("--draft-dtype", choices=list(DTYPES),
+                   help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
+
+
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="speculative generation with a target and its EAGLE-3 draft")
     p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
@@ -121,10 +129,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
     p.add_argument("--baseline", action="store_true",
                    help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                   help="the target's dtype (the numbers that decide the output)")
-    p.add_argument("--draft-dtype", choices=list(DTYPES),
-                   help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
+    _add_dtype_options(p)
     p.add_argument("--tp-timeout", type=T.number(0, exclusive_minimum=True), default=120.0,
                    help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
     p.add_argument("--check-ranks", action="store_true",
@@ -262,10 +267,7 @@ def _add_bench(sub) -> None:
                    help="try a grid of depth / topk / num_draft_tokens / lookup at batch 1")
     p.add_argument("--out", type=T.output_directory, default="bench-results/e2e",
                    help="directory for bench.json, bench.md, bench.png")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
-                   help="the target's dtype (the numbers that decide the output)")
-    p.add_argument("--draft-dtype", choices=list(DTYPES),
-                   help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
+    _add_dtype_options(p)
     p.add_argument("--no-compiled-baseline", action="store_true",
                    help="leave out HF generate with a static cache and torch.compile (it compiles first)")
     p.add_argument("--compile", action="store_true",
