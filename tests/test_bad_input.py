@@ -21,6 +21,7 @@ BENCH = ["bench", "--num-prompts", "1", "--batch-sizes", "1", "--max-new-tokens"
          "--out", "{out}"]
 TRAIN = ["train", "--target", "{tiny}", "--data", "{good_text}", "--out", "{out}", "--max-steps", "1", "--max-len",
          "32", "--batch-tokens", "256", "--no-specforge-export", "--no-vllm-export"]
+FROM_CACHE = ["train", "--out", "{out}", "--max-steps", "1", "--no-specforge-export", "--no-vllm-export"]
 DOCTOR = ["doctor", "--max-examples", "2", "--acceptance-prompts", "0", "--max-len", "32", "--prompt-tokens", "8"]
 PAIR = ["--target", "{target}", "--draft", "{draft}"]
 
@@ -238,6 +239,16 @@ CLI_CASES = [
     (TRAIN, "--val-examples", "wrong type", ["--val-examples", "x"], "--val-examples: expected a positive integer"),
     (TRAIN, "--max-steps", "zero", ["--max-steps", "0"], "--max-steps: expected a positive integer, got 0"),
     (TRAIN, "--max-steps", "negative", ["--max-steps", "-1"], "--max-steps: expected a positive integer"),
+    (FROM_CACHE, "--from-cache", "missing path", ["--from-cache", "{missing}"], "--from-cache: {missing} does not exist"),
+    (FROM_CACHE, "--from-cache", "wrong type", ["--from-cache", "{empty_dir}"], "is not a training cache: it has no "
+     "manifest.json"),
+    (TRAIN, "--from-cache", "mismatched pair", ["--from-cache", "{empty_dir}"],
+     "--from-cache replaces --target and --data"),
+    (FROM_CACHE, "--target", "missing", [], "--target and --data are required (or --from-cache"),
+    (TRAIN, "--tp-size", "zero", ["--tp-size", "0"], "--tp-size: expected a positive integer, got 0"),
+    (TRAIN, "--tp-size", "wrong type", ["--tp-size", "two"], "--tp-size: expected a positive integer"),
+    (TRAIN, "--tp-size", "too large", ["--tp-size", "2"], "tp_size must divide the number of processes (1), got 2"),
+    (TRAIN, "--device", "wrong type", ["--device", "gpu7"], "device 'gpu7' is not a device torch knows"),
     (TRAIN, "--max-steps", "wrong type", ["--max-steps", "1e3"], "--max-steps: expected a positive integer"),
     (TRAIN, "--seed", "negative", ["--seed", "-3"], "--seed: expected an integer in [0"),
     (TRAIN, "--seed", "too large", ["--seed", str(2**70)], "--seed: expected an integer in [0"),

@@ -99,7 +99,7 @@ def test_chat_data_trains_on_assistant_tokens_only(workdir, tmp_path):
                               for _ in range(4)) + "\n")
     trainer = Trainer(config(workdir, "chat", data=[str(chat)], max_steps=1))
     ex = trainer.train_set[0]
-    tok = trainer.tokenizer
+    tok = trainer.source.tokenizer
     assistant = tok.decode(ex.input_ids[ex.loss_mask])
     assert "return value" in assistant and "def print" not in assistant
 

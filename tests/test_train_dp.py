@@ -26,7 +26,7 @@ def _train(setup, out, nproc, extra):
             "--out", str(out), *COMMON, *extra]
     launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                     "--nproc-per-node", str(nproc)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo: CPU processes
     run = subprocess.run(launcher + args, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
@@ -66,3 +66,50 @@ def test_resume_at_another_world_size(setup, tmp_path):
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(ref["train_loss"], mixed["train_loss"])) < 1e-5
     for name in w_ref:
         torch.testing.assert_close(w_mixed[name], w_ref[name], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("nproc,tp", [(2, 2), (4, 2)], ids=["tp2", "tp2xdp2"])
+def test_tensor_parallel_target_matches_one_process(setup, tmp_path, nproc, tp):
+    """The target sharded over 2 ranks (alone, or as 2 replicas of TP 2 with the draft data
+    parallel over them) trains the draft as one process does."""
+    extra = ["--max-steps", "4", "--eval-every", "2", "--batch-tokens", "256"]
+    one, w1 = _train(setup, tmp_path / "one", 1, extra)
+    many, w2 = _train(setup, tmp_path / "many", nproc, extra + ["--tp-size", str(tp)])
+    assert many["layout"] == f"TP {tp} x DP {nproc // tp}"
+    a, b = [s["loss"] for s in one["train_loss"]], [s["loss"] for s in many["train_loss"]]
+    assert len(a) == len(b) == 4 and max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=1e-5)
+
+
+def _capture(setup, out, nproc, extra=()):
+    args = ["-m", "eagle3_ext", "train", "capture", "--target", str(setup / "target"), "--data",
+            str(setup / "data.txt"), "--out", str(out), "--max-len", "32", "--batch-tokens", "256", "--json", *extra]
+    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                    "--nproc-per-node", str(nproc)]
+    run = subprocess.run(launcher + args, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(out / "manifest.json") as f:
+        manifest = json.load(f)
+    tensors = {}
+    for entry in manifest["examples"]:
+        shard = load_file(str(out / entry["shard"]))
+        tensors.update({f"{entry['key']}.{k.split('.', 1)[1]}": v for k, v in shard.items()
+                        if k.startswith(entry["key"] + ".")})
+    return manifest, tensors
+
+
+@pytest.mark.parametrize("nproc,extra", [(2, ["--tp-size", "2"]), (2, [])], ids=["tp2", "dp2"])
+def test_distributed_capture_matches_one_process(setup, tmp_path, nproc, extra):
+    """The captured states and logits are the same with the target sharded (TP 2) or the data
+    split (DP 2) as in one process."""
+    m1, t1 = _capture(setup, tmp_path / "one", 1)
+    m2, t2 = _capture(setup, tmp_path / "many", nproc, extra)
+    assert [(e["key"], e["split"], e["length"]) for e in m1["examples"]] == \
+        [(e["key"], e["split"], e["length"]) for e in m2["examples"]]
+    if not extra:
+        assert len({e["shard"] for e in m2["examples"]}) == 2  # one shard file per replica
+    assert t1.keys() == t2.keys()
+    for key in t1:
+        torch.testing.assert_close(t2[key], t1[key], atol=1e-5, rtol=1e-5)

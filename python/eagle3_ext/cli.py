@@ -11,6 +11,7 @@ import sys
 import traceback
 from typing import List, Optional
 
+from . import cli_train
 from . import cli_types as T
 from .doctor.run import MAX_STEPS as MAX_DOCTOR_STEPS
 from .dtypes import DTYPES
@@ -21,11 +22,21 @@ from .validation import read_text_file
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train an EAGLE-3 draft head for a Hugging Face target")
-    p.add_argument("--target", required=True, type=T.directory,
-                   help="target model directory (AutoModelForCausalLM + tokenizer)")
-    p.add_argument("--data", required=True, nargs="+", type=T.readable_file,
-                   help="text files or JSONL (text / chat messages / input_ids)")
+    p = sub.add_parser("train", help="train an EAGLE-3 draft head for a Hugging Face target",
+                       epilog="Data preparation: `eagle3 train capture ...` writes an offline cache of the "
+                              "target's hidden states, `eagle3 train regenerate ...` rewrites chat data with the "
+                              "target's own responses (each has --help).")
+    p.add_argument("--target", type=T.directory,
+                   help="target model directory (AutoModelForCausalLM + tokenizer); not with --from-cache")
+    p.add_argument("--data", nargs="+", type=T.readable_file,
+                   help="text files or JSONL (text / chat messages / input_ids); not with --from-cache")
+    p.add_argument("--from-cache", type=T.directory,
+                   help="train from an `eagle3 train capture` directory, with no target in memory")
+    p.add_argument("--tp-size", type=T.integer(1), default=1,
+                   help="under torchrun: shard the target over this many ranks; the processes form "
+                        "(world / tp-size) data-parallel replicas")
+    p.add_argument("--device", help="where the draft (and an unsharded target) run, e.g. cpu or cuda:0 (default: "
+                                    "this process's GPU if torch sees one, else the CPU)")
     p.add_argument("--out", required=True, type=T.output_directory,
                    help="output directory for the draft, checkpoints and metrics")
     p.add_argument("--aux-layers", type=T.integer(0), nargs="+",
@@ -64,6 +75,11 @@ def _run_train(args) -> int:
     from .distributed import init_from_env, rank, shutdown
     from .train import TrainConfig, train
 
+    if args.from_cache is None and (args.target is None or args.data is None):
+        raise ValueError("--target and --data are required (or --from-cache with an `eagle3 train capture` "
+                         "directory)")
+    if args.from_cache is not None and (args.target is not None or args.data is not None):
+        raise ValueError("--from-cache replaces --target and --data; give one or the other")
     init_from_env()  # under torchrun: data-parallel ranks (a no-op otherwise)
     config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
                          draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
@@ -72,7 +88,8 @@ def _run_train(args) -> int:
                          max_steps=args.max_steps, seed=args.seed, resume=args.resume,
                          export_specforge=not args.no_specforge_export, export_vllm=not args.no_vllm_export,
                          norm_before_residual=args.norm_before_residual, fc_norm=args.fc_norm,
-                         norm_before_fc=args.norm_before_fc, norm_output=args.norm_output)
+                         norm_before_fc=args.norm_before_fc, norm_output=args.norm_output,
+                         from_cache=args.from_cache, tp_size=args.tp_size, device=args.device)
     this_rank = rank()
     try:
         result = train(config)
@@ -89,7 +106,7 @@ def _run_train(args) -> int:
         print(f"draft written to {result.out} after {result.step} steps; acc per step [{acc}], expected "
               f"acceptance length {result.metrics['expected_acceptance_length']:.2f}; "
               f"{result.metrics['train_tokens_per_s']:.0f} training tokens/s over {result.metrics['world_size']} "
-              f"process(es), peak memory per process "
+              f"process(es) ({result.metrics['layout']}), peak memory per process "
               f"{', '.join(f'{m:.0f}' for m in result.metrics['peak_memory_mib_per_rank'])} MiB")
     return 0
 
@@ -325,6 +342,10 @@ COMMANDS = {"bench": (_add_bench, _run_bench), "doctor": (_add_doctor, _run_doct
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    nested = _train_subcommand(argv)
+    if nested is not None:  # `eagle3 [-v] train capture|regenerate ...`
+        return _run_guarded(f"train {nested[0]}", nested[2], lambda: cli_train.main(nested[0], nested[1]))
     parser = argparse.ArgumentParser(prog="eagle3", description="EAGLE-3 speculative decoding")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -334,19 +355,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse's usage error (2) or --help (0): returned, as every other outcome
         return int(e.code or 0)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+    return _run_guarded(args.command, args.verbose, lambda: COMMANDS[args.command][1](args))
+
+
+def _train_subcommand(argv: List[str]):
+    """(name, its arguments, verbose) for `eagle3 [-v] train capture|regenerate ...`, else None."""
+    verbose = bool(argv) and argv[0] in ("-v", "--verbose")
+    rest = argv[1:] if verbose else argv
+    if len(rest) >= 2 and rest[0] == "train" and rest[1] in cli_train.SUBCOMMANDS:
+        return rest[1], rest[2:], verbose
+    return None
+
+
+def _run_guarded(command: str, verbose: bool, run) -> int:
+    """Runs a command; bad input becomes one line and exit 2, Ctrl-C exit 130."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return COMMANDS[args.command][1](args)
+        return run()
     except (ValueError, TypeError, OSError) as e:  # bad input: one line (the traceback with -v)
-        if args.verbose:
+        if verbose:
             traceback.print_exc()
-        print(f"eagle3 {args.command}: error: {e}", file=sys.stderr)
+        print(f"eagle3 {command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         # What was done is kept: streamed text, a training checkpoint, finished bench rows.
         detail = f": {e}" if str(e) else ""
-        print(f"\neagle3 {args.command}: interrupted{detail}", file=sys.stderr)
+        print(f"\neagle3 {command}: interrupted{detail}", file=sys.stderr)
         return 130
 
 

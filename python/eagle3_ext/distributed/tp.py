@@ -85,13 +85,17 @@ def _shutdown_at_exit() -> None:
         logger.warning("leaving the process group at exit failed: %s", e)
 
 
-def load_target(path: str, dtype: torch.dtype):
-    """The target, sharded across the current process group with transformers' TP plan."""
+def load_target(path: str, dtype: torch.dtype, tp_size: int | None = None, dp_replicate: int = 1):
+    """The target, sharded with transformers' TP plan over ``tp_size`` ranks (default: the whole
+    process group). With ``dp_replicate`` > 1 the world holds that many such replicas, the
+    layout training uses (train/layout.py); transformers then wraps the frozen target in
+    replicated FSDP, which leaves its forward unchanged."""
     from transformers import AutoModelForCausalLM, DistributedConfig
 
+    tp_size = world_size() if tp_size is None else tp_size
+    options = {"tp_size": tp_size} if dp_replicate == 1 else {"tp_size": tp_size, "dp_replicate_size": dp_replicate}
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
-                                                    distributed_config=DistributedConfig(tp_size=world_size()))
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, distributed_config=DistributedConfig(**options))
     except (ValueError, NotImplementedError) as e:
         raise ValueError(f"the target at {path} has no tensor-parallel plan in transformers ({e}); run it with "
                          "one process") from e

@@ -49,6 +49,14 @@ def check_device(device: Union[None, str, torch.device]) -> Optional[torch.devic
     return device
 
 
+def default_device() -> torch.device:
+    """This process's GPU when torch sees one (under torchrun, init_from_env made the local
+    rank's GPU the current one), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def torch_dtype(name: Union[None, str, torch.dtype], what: str) -> Optional[torch.dtype]:
     if name is None:
         return None

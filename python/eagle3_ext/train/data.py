@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -18,6 +18,7 @@ from ..validation import read_text_file
 class Example:
     input_ids: torch.Tensor  # [T] int64
     loss_mask: torch.Tensor  # [T] bool: tokens the draft learns to predict
+    cached: Optional[Tuple[str, str]] = None  # (shard file, key) of its target outputs in an offline cache
 
 
 def _chat_example(tokenizer, messages: list, where: str, max_len: int) -> Example:
@@ -74,6 +75,23 @@ def _token_examples(record: dict, where: str, max_len: int) -> Iterator[Example]
             yield Example(torch.tensor(chunk), torch.tensor(mask[start:start + max_len]))
 
 
+def jsonl_records(path: str, content: str) -> Iterator[Tuple[int, str, dict]]:
+    """(line number, the line, its JSON object) for every non-blank line of a JSONL file; a line
+    that is not a JSON object is an error naming file:line."""
+    # Lines end at "\n" only: splitlines() would also cut at U+2028, which JSON strings hold raw.
+    for n, line in enumerate(content.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        yield n, line, record
+
+
 def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Optional[int] = None) -> List[Example]:
     """Reads every file: *.jsonl lines with "text", "messages" or "input_ids"; anything else as
     plain text."""
@@ -86,16 +104,8 @@ def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Opt
         content = read_text_file("training data file", path)
         before = len(examples)
         if path.endswith(".jsonl"):
-            for n, line in enumerate(content.splitlines(), 1):
-                if not line.strip():
-                    continue
+            for n, _, record in jsonl_records(path, content):
                 where = f"{path}:{n}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict):
-                    raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
                 if "messages" in record:
                     examples.append(_chat_example(tokenizer, record["messages"], where, max_len))
                 elif isinstance(record.get("text"), str):

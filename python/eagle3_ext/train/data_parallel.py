@@ -12,34 +12,41 @@ any other.
 
 A rank with no example in a batch (fewer examples than ranks) still joins every collective,
 with zero counts and zero gradients.
+
+With the target under tensor parallelism (train/layout.py) the data-parallel ranks are the
+replicas, one group per TP rank: the ranks of a TP group hold the same examples, compute the
+same draft gradients, and each sums them with its counterparts in the other replicas.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, TypeVar
+from typing import Iterable, List, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from ..distributed import tp
+from .layout import TrainLayout
 
 T = TypeVar("T")
 
 
 class DataParallel:
-    """The current process group seen as data-parallel ranks (one rank outside torchrun)."""
+    """The data-parallel ranks of ``layout`` (default: every process of the current group is
+    one; one rank outside torchrun). ``rank`` and ``world`` count replicas; ``is_main`` is world
+    rank 0, the one process that writes files."""
 
-    def __init__(self):
-        self.rank = tp.rank()
-        self.world = tp.world_size()
+    def __init__(self, layout: Optional[TrainLayout] = None):
+        layout = layout or TrainLayout(1, tp.world_size(), tp.rank(), None)
+        self.rank = layout.dp_rank
+        self.world = layout.dp_size
+        self.group = layout.dp_group
+        self.is_main = layout.rank == 0
+        self.processes = layout.world
 
     @property
     def enabled(self) -> bool:
         return self.world > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
     def local(self, batch: Sequence[T]) -> List[T]:
         """This rank's examples of a global batch."""
@@ -48,7 +55,7 @@ class DataParallel:
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` summed over the ranks, in place (returned for chaining)."""
         if self.enabled:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
@@ -61,13 +68,13 @@ class DataParallel:
         if not params:
             return
         has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
-        dist.all_reduce(has_grad, op=dist.ReduceOp.SUM)
+        dist.all_reduce(has_grad, op=dist.ReduceOp.SUM, group=self.group)
         params = [p for p, n in zip(params, has_grad.tolist()) if n]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         offset = 0
         for p in params:
             n = p.numel()
@@ -75,11 +82,12 @@ class DataParallel:
             offset += n
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
-        """Rank 0's parameters and buffers on every rank (one starting point for the replicas)."""
-        if self.enabled:
+        """World rank 0's parameters and buffers on every process (one starting point)."""
+        if self.processes > 1:
             for tensor in module.state_dict().values():
                 dist.broadcast(tensor, src=0)
 
     def barrier(self) -> None:
-        if self.enabled:
+        """Every process of the world (not only the replicas) waits here."""
+        if self.processes > 1:
             dist.barrier()

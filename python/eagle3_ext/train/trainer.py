@@ -14,18 +14,19 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..draft import Eagle3DraftConfig, Eagle3DraftModel, eagle_default_aux_layers, fingerprint
+from ..draft import Eagle3DraftConfig, Eagle3DraftModel
 from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
-from ..engine.capture import AuxHiddenCapture
-from ..engine.loading import check_context, load_target, load_tokenizer
-from .data import batches, collate, load_examples
+from ..engine.loading import check_device, default_device
+from .cache import CAPTURE_FIELDS, CachedTarget
+from .data import batches
 from .data_parallel import DataParallel
 from .interrupt import StopRequest
-from .ttt import StepAccuracy, TTTStats, expected_acceptance_length, target_pass, ttt_forward
-from .vocab import build_vocab_mapping
+from .layout import make_layout
+from .target_source import OnlineTarget, split_examples, vocab_mapping_for
+from .ttt import StepAccuracy, TTTStats, expected_acceptance_length, ttt_forward
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,8 @@ MAX_TTT_STEPS = 32
 class TrainConfig:
     """Everything ``eagle3 train`` takes. Lengths in tokens; lr in AdamW units."""
 
-    target: str
-    data: List[str]
+    target: Optional[str]                      # None with from_cache
+    data: Optional[List[str]]                  # None with from_cache
     out: str
     aux_layers: Optional[List[int]] = None     # internal convention; default [2, L//2, L-3]
     draft_vocab_size: Optional[int] = None     # default min(target vocab, 32000)
@@ -63,15 +64,28 @@ class TrainConfig:
     norm_output: bool = False
     max_steps: Optional[int] = None            # stop early (for quick runs and tests)
     progress: bool = True
+    from_cache: Optional[str] = None           # an `eagle3 train capture` directory instead of target + data
+    tp_size: int = 1                           # ranks the target is sharded over (torchrun)
+    device: Optional[str] = None               # default: this process's GPU if torch sees one, else the CPU
 
     def validate(self) -> None:
         """Raises TypeError / ValueError naming the first bad field; 0, "" and [] are errors,
         never "the default" (None is)."""
-        validation.path("target", self.target)
-        if isinstance(self.data, (str, os.PathLike)) or not isinstance(self.data, (list, tuple)) or not self.data:
-            raise TypeError(f"data must be a non-empty list of file paths, got {self.data!r}")
-        for i, item in enumerate(self.data):
-            validation.existing_file(f"data[{i}]", item)
+        if self.from_cache is not None:
+            validation.existing_dir("from_cache", self.from_cache)
+            for name in ("target", "data"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} must be None with from_cache (the cache holds what the target gave)")
+            if self.tp_size != 1:
+                raise ValueError(f"tp_size must be 1 with from_cache (no target runs), got {self.tp_size}")
+        else:
+            validation.path("target", self.target)
+            if isinstance(self.data, (str, os.PathLike)) or not isinstance(self.data, (list, tuple)) or not self.data:
+                raise TypeError(f"data must be a non-empty list of file paths, got {self.data!r}")
+            for i, item in enumerate(self.data):
+                validation.existing_file(f"data[{i}]", item)
+        validation.integer("tp_size", self.tp_size, 1)
+        check_device(self.device)
         validation.output_dir("out", self.out)
         if self.aux_layers is not None:
             if not isinstance(self.aux_layers, (list, tuple)) or not self.aux_layers:
@@ -152,32 +166,27 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         config.validate()
         self.config = config
-        self.dp = DataParallel()  # one rank outside torchrun
+        self.layout = make_layout(config.tp_size)
+        self.dp = DataParallel(self.layout)
         torch.manual_seed(config.seed)
-        dtype = DTYPES[config.dtype]
-        self.target = load_target(config.target, dtype, shard=False).eval()  # data parallel: a whole copy
-        self.tokenizer = load_tokenizer(config.target)
-        self.target.requires_grad_(False)
-        layers, _, vocab = target_dims(self.target.config)
-        if len(self.tokenizer) > vocab:
-            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is {vocab}")
-        check_context(self.target, "max_len", config.max_len)
-        aux = list(eagle_default_aux_layers(layers)) if config.aux_layers is None else list(config.aux_layers)
-
-        examples = load_examples(config.data, self.tokenizer, config.max_len, vocab_size=vocab)
-        order = list(range(len(examples)))
-        random.Random(config.seed).shuffle(order)
-        n_val = min(config.val_max_examples, max(1, int(round(len(examples) * config.val_fraction))))
-        n_val = n_val if len(examples) > 1 else 0
-        self.val = [examples[i] for i in order[:n_val]]
-        self.train_set = [examples[i] for i in order[n_val:]]
-        if not self.train_set:
-            raise ValueError("no training examples left after the validation split")
+        device = check_device(config.device) or default_device()
+        if config.from_cache is not None:
+            self.source = CachedTarget(config.from_cache)
+            _adopt_cache_options(config, self.source.manifest)
+            self.train_set, self.val = self.source.split()
+        else:
+            self.source = OnlineTarget(config.target, DTYPES[config.dtype], config.max_len, self.layout, device)
+            examples = self.source.load(config.data, config.max_len)
+            self.train_set, self.val = split_examples(examples, config.val_fraction, config.val_max_examples,
+                                                      config.seed)
+        vocab = self.source.vocab
+        target_config = self.source.config
+        aux = self.source.default_aux_layers() if config.aux_layers is None else list(config.aux_layers)
 
         ckpt = os.path.join(config.out, "checkpoint")
         self.state = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         if config.resume and os.path.exists(os.path.join(ckpt, "trainer_state.pt")):
-            self.draft = Eagle3DraftModel.from_pretrained(os.path.join(ckpt, "draft"), target_config=self.target.config)
+            self.draft = Eagle3DraftModel.from_pretrained(os.path.join(ckpt, "draft"), target_config=target_config)
             saved = torch.load(os.path.join(ckpt, "trainer_state.pt"), weights_only=False)
             _check_resumable(saved.get("config", {}), config)
             self.state = saved["state"]
@@ -191,27 +200,27 @@ class Trainer:
                                  f"vocabulary ({vocab})")
             flags = {k: getattr(config, k) for k in ("norm_before_residual", "fc_norm", "norm_before_fc",
                                                      "norm_output")}
-            self.draft = Eagle3DraftModel(draft_config_for(self.target.config, aux, draft_vocab, **flags))
-            counts = torch.zeros(vocab, dtype=torch.int64)
-            for e in self.train_set:
-                counts += torch.bincount(e.input_ids[e.loss_mask], minlength=vocab)
-            d2t, t2d = build_vocab_mapping(counts, draft_vocab)
+            self.draft = Eagle3DraftModel(draft_config_for(target_config, aux, draft_vocab, **flags))
+            if config.from_cache is not None:
+                d2t, t2d = self.source.vocab_mapping()
+            else:
+                d2t, t2d = vocab_mapping_for(self.train_set, vocab, draft_vocab)
             with torch.no_grad():
                 self.draft.d2t.copy_(d2t)
                 self.draft.t2d.copy_(t2d)
                 self._init_from_target()
+        self.draft.to(device)
         self.dp.broadcast_module(self.draft)  # every replica starts from rank 0's draft
-        self.draft.bind_embeddings(self.target.get_input_embeddings())
-        self.draft.validate_against_target(self.target.config)
+        self.draft.bind_embeddings(self.source.embeddings().to(device))
+        self.draft.validate_against_target(target_config)
         if self.draft.config.fingerprint is None:
             # What the target's states at the trained layers look like, checked before the draft runs.
-            probe = fingerprint.probe_from_sequences(e.input_ids.tolist() for e in (self.val or self.train_set))
-            self.draft.config.fingerprint = fingerprint.record(self.target, self.draft.aux_layer_ids, probe)
-        self.capture = AuxHiddenCapture(self.target, self.draft.aux_layer_ids)
+            self.draft.config.fingerprint = self.source.fingerprint(
+                self.draft.aux_layer_ids, (e.input_ids.tolist() for e in (self.val or self.train_set)))
+        self.source.start(self.draft.aux_layer_ids, self.draft.d2t)
         self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=config.lr, betas=(0.9, 0.95))
         if config.resume:
             self.optimizer.load_state_dict(saved["optimizer"])
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.history: List[Dict[str, Any]] = self._load_history()
         self.train_losses: List[Dict[str, float]] = self._load_history("train_loss")
         self.throughput = {"tokens": 0, "seconds": 0.0}
@@ -219,13 +228,13 @@ class Trainer:
 
     def _init_from_target(self) -> None:
         # lm_head rows of the draft vocabulary and the final norm start from the target's.
-        head = self.target.get_output_embeddings()
         ids = torch.arange(self.draft.config.draft_vocab_size) + self.draft.d2t
-        if head is not None and head.weight.shape[1] == self.draft.config.hidden_size:
-            self.draft.lm_head.weight.copy_(head.weight[ids].float())
-        norm = getattr(getattr(self.target, "model", None), "norm", None)
-        if norm is not None and getattr(norm, "weight", None) is not None:
-            self.draft.norm.weight.copy_(norm.weight.float())
+        rows = self.source.head_rows(ids)
+        if rows is not None and rows.shape[1] == self.draft.config.hidden_size:
+            self.draft.lm_head.weight.copy_(rows)
+        norm = self.source.final_norm()
+        if norm is not None:
+            self.draft.norm.weight.copy_(norm)
 
     def _load_history(self, key: str = "evals") -> List[Dict[str, Any]]:
         path = os.path.join(self.config.out, "metrics.json")
@@ -251,14 +260,11 @@ class Trainer:
             self.dp.sum(torch.zeros(steps, device=device))
             return TTTStats(loss=torch.zeros((), device=device), step_loss=[0.0] * steps, correct=[0] * steps,
                             counted=[0] * steps)
-        ids, loss_mask, valid = collate(batch, self.pad_id)
-        ids, loss_mask, valid = ids.to(device), loss_mask.to(device), valid.to(device)
-        with self.capture:
-            logits, aux = target_pass(self.target, self.capture, ids, valid, torch.float32)
+        ids, loss_mask, valid, aux, target = self.source.batch(batch, device)
         amp = DTYPES[self.config.amp] if self.config.amp else None
         # Master weights and the losses stay fp32; autocast runs the draft's matmuls in ``amp``.
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-            return ttt_forward(self.draft, aux, logits, ids, loss_mask, valid, steps,
+            return ttt_forward(self.draft, aux, target, ids, loss_mask, valid, steps,
                                reduce_counts=self.dp.sum if self.dp.enabled else None)
 
     def _global(self, stats: TTTStats) -> TTTStats:
@@ -295,7 +301,7 @@ class Trainer:
                     "config": asdict(self.config)}, os.path.join(ckpt, "trainer_state.pt"))
         with open(os.path.join(out, "metrics.json"), "w") as f:
             json.dump({"evals": self.history, "final": metrics, "train_loss": self.train_losses,
-                       "world_size": self.dp.world}, f, indent=2)
+                       "world_size": self.layout.world, "layout": self.layout.describe()}, f, indent=2)
         self.dp.barrier()
 
     def train(self) -> TrainResult:
@@ -331,12 +337,13 @@ class Trainer:
         else:
             import resource
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-        peaks = [peak] * self.dp.world
-        if self.dp.enabled:
+        peaks = [peak] * self.layout.world
+        if self.layout.world > 1:
             import torch.distributed as dist
             dist.all_gather_object(peaks, peak)
         return {"train_tokens_per_s": self.throughput["tokens"] / seconds if seconds else 0.0,
-                "peak_memory_mib_per_rank": peaks, "world_size": self.dp.world}
+                "peak_memory_mib_per_rank": peaks, "world_size": self.layout.world,
+                "layout": self.layout.describe()}
 
     def _loop(self, epoch_batches, total: int, bar, started: float, metrics: Dict[str, Any],
               stop: StopRequest) -> Dict[str, Any]:
@@ -401,8 +408,8 @@ class Trainer:
 
     def _export(self) -> None:
         self.draft.save_pretrained(self.config.out, format="eagle3_ext")
-        verifier = {"name_or_path": self.config.target,
-                    "architectures": list(getattr(self.target.config, "architectures", None) or [])}
+        name = self.config.target if self.config.from_cache is None else self.source.target_name
+        verifier = {"name_or_path": name, "architectures": self.source.architectures}
         for fmt, wanted in (("specforge", self.config.export_specforge), ("vllm", self.config.export_vllm)):
             if not wanted:
                 continue
@@ -411,6 +418,19 @@ class Trainer:
                                            speculative_tokens=self.config.ttt_steps)
             except ValueError as e:  # a capture or convention the format cannot express
                 logger.warning("not exporting the %s format: %s", fmt, e)
+
+
+def _adopt_cache_options(config: TrainConfig, manifest: Dict[str, Any]) -> None:
+    """Training from a cache uses the options it was captured with; one set to something else
+    (not left at its default) is an error, since the cache cannot honour it."""
+    defaults = TrainConfig(target=None, data=None, out=config.out)
+    for name in CAPTURE_FIELDS:
+        cached = manifest["aux_layer_ids"] if name == "aux_layers" else manifest[name]
+        mine = getattr(config, name)
+        if mine != getattr(defaults, name) and mine != cached:
+            raise ValueError(f"{name} {mine!r} differs from the cache's {cached!r} (fixed when it was captured: "
+                             "capture again to change it)")
+        setattr(config, name, cached)
 
 
 def train(config: TrainConfig) -> TrainResult:

@@ -15,7 +15,7 @@ chat data, beyond the sequence) or the target's top token is outside the draft v
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -87,24 +87,44 @@ def ttt_logits(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], inpu
         yield logits
 
 
-def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor], target_logits: torch.Tensor,
-                input_ids: torch.Tensor, loss_mask: torch.Tensor, valid: torch.Tensor, steps: int,
-                per_token: bool = False,
+@dataclass
+class TargetView:
+    """What the loss reads of the target's logits: the top token over the whole vocabulary
+    (``top`` [B, T] int64) and the logits of the draft vocabulary's tokens (``draft_logits``
+    [B, T, Vd] fp32). An offline cache stores exactly this, so training from it sees the
+    numbers online training sees."""
+
+    top: torch.Tensor
+    draft_logits: torch.Tensor
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, d2t: torch.Tensor) -> "TargetView":
+        """From the full logits [B, T, V] and the draft's d2t offsets."""
+        draft_target_ids = torch.arange(d2t.numel(), device=logits.device) + d2t.to(logits.device)
+        logits = logits.float()
+        return cls(top=logits.argmax(-1), draft_logits=logits[..., draft_target_ids])
+
+
+def ttt_forward(draft: Eagle3DraftModel, aux_hidden: Sequence[torch.Tensor],
+                target: Union[torch.Tensor, TargetView], input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                valid: torch.Tensor, steps: int, per_token: bool = False,
                 reduce_counts: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> TTTStats:
     """Unrolls the draft ``steps`` times over a batch and returns the TTT loss and accuracies.
 
-    Shapes: aux_hidden k x [B, T, H_target]; target_logits [B, T, V]; input_ids, loss_mask,
-    valid [B, T] (valid = not padding). ``per_token`` also keeps, per step, each position's
-    cross-entropy and hit (draft top-1 == target top-1) with the mask of scored positions.
+    Shapes: aux_hidden k x [B, T, H_target]; ``target`` the target's logits [B, T, V] or a
+    TargetView of them; input_ids, loss_mask, valid [B, T] (valid = not padding). ``per_token``
+    also keeps, per step, each position's cross-entropy and hit (draft top-1 == target top-1)
+    with the mask of scored positions.
     ``reduce_counts`` turns this batch's per-step loss normalisers (positions scored, ``[steps]``)
     into the global ones under data parallelism (a sum over the ranks): each rank's loss is then
     its share of the whole batch's loss.
     """
     draft_target_ids = torch.arange(draft.config.draft_vocab_size, device=input_ids.device) + draft.d2t
-    logits = target_logits.float()
-    target_top = logits.argmax(-1)                                    # [B, T]
+    if not isinstance(target, TargetView):
+        target = TargetView.from_logits(target, draft.d2t)
+    target_top = target.top                                           # [B, T]
     in_draft_vocab = draft.t2d[target_top]
-    target_p = logits[..., draft_target_ids].softmax(-1)              # [B, T, Vd]
+    target_p = target.draft_logits.float().softmax(-1)                # [B, T, Vd]
     trained = valid & loss_mask
 
     # What each step scores depends on the target alone, so the normalisers are known (and
