@@ -69,11 +69,13 @@ CMAKE_MINIMUM = (3, 26)  # pyproject.toml's cmake.version
 
 # The files whose tests carry the `cuda` marker (through conftest.DEVICES).
 CUDA_TEST_FILES = ["tests/test_fused_aux_fc.py", "tests/test_tree_attention.py", "tests/test_tree_ops.py",
-                   "tests/test_hf_attention.py"]
+                   "tests/test_tree_sampling_draft_probs.py", "tests/test_hf_attention.py", "tests/test_regenerate.py",
+                   "tests/test_acceptance_bound.py"]
 
 # One small CUDA test per op (fused_aux_fc: its sm_90a/prefill path and its split-K decode path),
 # run under compute-sanitizer in a process of its own; racecheck too for tree_attention, whose
-# 4 warps per CTA share the Q, K, V and P tiles in shared memory.
+# 4 warps per CTA share the Q, K, V and P tiles in shared memory, and for the draft-probability
+# sampler, whose whole block walks the tree and reuses its shared sums at every rejection.
 SANITIZER_NODES: Dict[str, List[str]] = {
     "fused_aux_fc": [
         "tests/test_fused_aux_fc.py::test_prefill_tiles_hidden_multiple_of_64[bias-T300-H192-N256-k3-bf16-cuda]",
@@ -84,8 +86,11 @@ SANITIZER_NODES: Dict[str, List[str]] = {
     "build_tree": ["tests/test_tree_ops.py::test_build_random_trees_match_reference[bs3-N16-mode0-cuda]"],
     "verify_tree_greedy": ["tests/test_tree_ops.py::test_greedy_random_trees_match_reference[tree-cuda]"],
     "speculative_sampling": ["tests/test_tree_ops.py::test_sampling_random_trees_match_reference[tree-exact-cuda]"],
+    "speculative_sampling_draft_probs": [
+        "tests/test_tree_sampling_draft_probs.py::test_random_trees_match_reference[tree-mixed-cuda]",
+    ],
 }
-RACECHECK_OPS = ["tree_attention"]
+RACECHECK_OPS = ["tree_attention", "speculative_sampling_draft_probs"]
 
 
 @dataclass

@@ -69,6 +69,28 @@ TORCH_LIBRARY(eagle3, m) {
       "Tensor retrive_next_token, Tensor retrive_next_sibling, Tensor uniform_samples, "
       "Tensor uniform_samples_for_final_sampling, Tensor target_probs, Tensor(d!) draft_probs, "
       "float threshold_single, float threshold_acc, bool deterministic) -> ()");
+
+  // Sampling verification with the draft's probabilities (SpecInfer / EAGLE style), lossless
+  // for any draft: the children of node i are taken as drawn i.i.d. (with replacement) from
+  // draft_probs[b, i]. At the last accepted node, with target p and draft q, the children are
+  // tried in sibling order; child node j, token x = candidates[b, j], is accepted when its
+  // own coin uniform_samples[b, j] < p'(x) / q(x) (probability min(1, p'(x) / q(x))), p'
+  // starting as p; on rejection p' <- normalize(relu(p' - q)) and the next sibling is tried
+  // (q unchanged). After an accepted child the walk descends; when no child is accepted, or
+  // after S - 1 accepted tokens, the final token is drawn (uniform_samples_for_final_sampling)
+  // from p' at the last accepted node. The emitted tokens then follow the target exactly.
+  //   outputs and tree tensors as verify_tree_greedy; uniform_samples: float32 [bs, N] (column
+  //   0 unused); uniform_samples_for_final_sampling: float32 [bs]; target_probs: float32
+  //   [bs, N, V], rows summing to 1; draft_probs: float32 [bs, N, V], read only, row i the
+  //   distribution node i's children were drawn from; deterministic: as above. No thresholds:
+  //   the op is lossless by construction.
+  m.def(
+      "tree_speculative_sampling_draft_probs(Tensor(a!) predicts, Tensor(b!) accept_index, "
+      "Tensor(c!) accept_token_num, Tensor candidates, Tensor retrive_index, "
+      "Tensor retrive_next_token, Tensor retrive_next_sibling, Tensor uniform_samples, "
+      "Tensor uniform_samples_for_final_sampling, Tensor target_probs, Tensor draft_probs, "
+      "bool deterministic) -> ()");
+
   // Attention of N draft-tree tokens against a KV prefix plus the tree itself (verify forward).
   //   q:            [B, N, Hq, Dqk], the tree tokens' queries (any strides).
   //   k_cache:      [B, S_max, Hkv, Dqk]; v_cache: [B, S_max, Hkv, Dv] (Dv may differ from Dqk,

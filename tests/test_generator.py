@@ -163,6 +163,35 @@ def test_sampling_matches_target_distribution(small_vocab_pair, monkeypatch):
     assert stat > chi_square_bound(dof), f"biased sampler passed: chi-square {stat:.1f} with {dof} dof"
 
 
+@pytest.mark.slow
+def test_sampled_draft_matches_target_distribution(small_vocab_pair, monkeypatch):
+    """A chain of tokens drawn from the draft, verified with the draft's probabilities (batch
+    2500 per call), samples the target's distribution; claiming the draft's q were the target's
+    own (every drawn token accepted) must fail the same test."""
+    target, draft = small_vocab_pair
+    prompt, length, temperature, trials = [1, 5, 2], 3, 0.8, 10000
+    chain = TreeConfig.chain(3, sampled=True)
+    probs = exact_joint(target, prompt, length, temperature)
+    counts = sample_joint(target, draft, prompt, length, temperature, trials, tree=chain)
+    stat, dof = chi_square(counts, probs, trials)
+    assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
+
+    from eagle3_ext import tree
+    monkeypatch.setattr(batch_module, "verify_sampling_draft_probs",
+                        lambda t, p, q, generator: tree.verify_sampling_draft_probs(t, p, p, generator=generator))
+    stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials, tree=chain), probs,
+                           trials)
+    assert stat > chi_square_bound(dof), f"biased sampler passed: chi-square {stat:.1f} with {dof} dof"
+
+
+def test_sampled_draft_needs_a_chain():
+    with pytest.raises(ValueError, match="TreeConfig.sampled needs a chain without lookup"):
+        TreeConfig(depth=3, topk=2, num_draft_tokens=6, lookup_tokens=0, sampled=True)
+    with pytest.raises(ValueError, match="TreeConfig.sampled needs a chain without lookup"):
+        TreeConfig.chain(3, lookup_tokens=4, sampled=True)
+    assert TreeConfig.chain(4, sampled=True).name == "chain4-sampled"
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 def test_bad_inputs_fail_before_generation(trained, tmp_path):
@@ -276,3 +305,16 @@ def test_memory_flat_over_10k_tokens():
     # KV caches of 10k tokens: target 4 layers x 2 x 2 heads x 8 dims x 4 B = 512 B per token, the
     # draft's 256 B: about 8 MB in all. Anything that kept per-round state would add far more.
     assert grown < 64 << 20, f"RSS grew by {grown / 2**20:.1f} MiB"
+
+
+def test_sampling_defaults_to_a_sampled_chain():
+    """`eagle3 generate` picks the tree per temperature: greedy keeps the default tree, sampling
+    without tree options drafts a sampled chain; any tree option keeps the tree asked for."""
+    from eagle3_ext.engine.run import GenerateRequest
+
+    assert GenerateRequest().tree() == TreeConfig()
+    assert GenerateRequest(temperature=0.8).tree() == TreeConfig.chain(TreeConfig.SAMPLED_DEPTH, sampled=True)
+    assert GenerateRequest(temperature=0.8, depth=3).tree().sampled is False
+    assert GenerateRequest(temperature=0.8, sampled_draft=True, depth=4).tree() == TreeConfig.chain(4, sampled=True)
+    with pytest.raises(ValueError, match="--sampled-draft drafts a chain of --depth tokens without lookup"):
+        GenerateRequest(temperature=0.8, sampled_draft=True, topk=2)

@@ -163,12 +163,61 @@ void tree_speculative_sampling_target_only_cuda(
   raise_device_errors(kSamplingOp, errors, p.bs, stream);
 }
 
+template <int VEC>
+void launch_sampling_draft_probs(const cuda::DraftProbsParams& params, bool deterministic,
+                                 int64_t bs, cudaStream_t stream) {
+  if (deterministic) {
+    cuda::tree_sampling_draft_probs_kernel<VEC, true>
+        <<<static_cast<unsigned>(bs), cuda::kSamplingThreads, 0, stream>>>(params);
+  } else {
+    cuda::tree_sampling_draft_probs_kernel<VEC, false>
+        <<<static_cast<unsigned>(bs), cuda::kSamplingThreads, 0, stream>>>(params);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void tree_speculative_sampling_draft_probs_cuda(
+    at::Tensor& predicts, at::Tensor& accept_index, at::Tensor& accept_token_num,
+    const at::Tensor& candidates, const at::Tensor& retrive_index,
+    const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+    const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
+    const at::Tensor& target_probs, const at::Tensor& draft_probs, bool deterministic) {
+  const VerifyProblem p = check_sampling_draft_probs(
+      predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+      retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+      draft_probs);
+  if (p.bs == 0) return;
+  const c10::cuda::CUDAGuard guard(candidates.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor errors = error_buffer(p.bs, candidates);
+
+  cuda::DraftProbsParams params;
+  params.batch = verify_batch(p, predicts, accept_index, accept_token_num, candidates,
+                              retrive_index, retrive_next_token, retrive_next_sibling);
+  params.coins = uniform_samples.data_ptr<float>();
+  params.final_coins = uniform_samples_for_final_sampling.data_ptr<float>();
+  params.target = target_probs.data_ptr<float>();
+  params.draft = draft_probs.data_ptr<float>();
+  params.errors = errors_ptr(errors);
+  params.vocab = p.vocab;
+
+  // 16-byte loads need every row to start on a 16-byte boundary.
+  const bool vector_ok = p.vocab % 4 == 0 && aligned16(params.target) && aligned16(params.draft);
+  if (vector_ok) {
+    launch_sampling_draft_probs<4>(params, deterministic, p.bs, stream);
+  } else {
+    launch_sampling_draft_probs<1>(params, deterministic, p.bs, stream);
+  }
+  raise_device_errors(kDraftProbsOp, errors, p.bs, stream);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(eagle3, CUDA, m) {
   m.impl("build_tree_kernel_efficient", &build_tree_kernel_efficient_cuda);
   m.impl("verify_tree_greedy", &verify_tree_greedy_cuda);
   m.impl("tree_speculative_sampling_target_only", &tree_speculative_sampling_target_only_cuda);
+  m.impl("tree_speculative_sampling_draft_probs", &tree_speculative_sampling_draft_probs_cuda);
 }
 
 }  // namespace eagle3::tree

@@ -21,6 +21,7 @@ namespace eagle3::tree {
 inline constexpr const char* kBuildOp = "build_tree_kernel_efficient";
 inline constexpr const char* kGreedyOp = "verify_tree_greedy";
 inline constexpr const char* kSamplingOp = "tree_speculative_sampling_target_only";
+inline constexpr const char* kDraftProbsOp = "tree_speculative_sampling_draft_probs";
 // tree_mask_mode 2 packs one row into at most 32 bits.
 inline constexpr int64_t kMaxPackedNodes = 32;
 
@@ -169,7 +170,7 @@ inline void check_full_mask_size(const at::Tensor& tree_mask, const BuildProblem
                " + ", p.bs, " * ", p.n, " * ", p.n, " elements, got ", tree_mask.numel());
 }
 
-// --- verify_tree_greedy / tree_speculative_sampling_target_only -----------------------------
+// --- verify_tree_greedy / tree_speculative_sampling_target_only / _draft_probs ---------------
 
 struct VerifyProblem {
   int64_t bs = 0;
@@ -236,22 +237,11 @@ inline VerifyProblem check_greedy(const at::Tensor& predicts, const at::Tensor& 
   return p;
 }
 
-inline VerifyProblem check_sampling(const at::Tensor& predicts, const at::Tensor& accept_index,
-                                    const at::Tensor& accept_token_num,
-                                    const at::Tensor& candidates, const at::Tensor& retrive_index,
-                                    const at::Tensor& retrive_next_token,
-                                    const at::Tensor& retrive_next_sibling,
-                                    const at::Tensor& uniform_samples,
-                                    const at::Tensor& uniform_samples_for_final_sampling,
-                                    const at::Tensor& target_probs, const at::Tensor& draft_probs,
-                                    double threshold_single, double threshold_acc) {
-  const char* op = kSamplingOp;
-  VerifyProblem p = check_verify_common(op, predicts, accept_index, accept_token_num, candidates,
-                                        retrive_index, retrive_next_token, retrive_next_sibling);
-  EAGLE3_CHECK(op, threshold_single >= 0.0 && threshold_single <= 1.0,
-               "threshold_single must be in [0, 1], got ", threshold_single);
-  EAGLE3_CHECK(op, threshold_acc >= 0.0 && threshold_acc <= 1.0,
-               "threshold_acc must be in [0, 1], got ", threshold_acc);
+// The tensors both sampling ops take after the tree: coins, target_probs, draft_probs.
+inline void check_sampling_tensors(const char* op, VerifyProblem& p, const at::Tensor& candidates,
+                                   const at::Tensor& uniform_samples,
+                                   const at::Tensor& uniform_samples_for_final_sampling,
+                                   const at::Tensor& target_probs, const at::Tensor& draft_probs) {
   check_all_on(op, candidates, "candidates",
                {{"uniform_samples", &uniform_samples},
                 {"uniform_samples_for_final_sampling", &uniform_samples_for_final_sampling},
@@ -273,6 +263,42 @@ inline VerifyProblem check_sampling(const at::Tensor& predicts, const at::Tensor
                                 {"target_probs", &target_probs}, {"draft_probs", &draft_probs}}) {
     check_contiguous(op, name, *t);
   }
+}
+
+inline VerifyProblem check_sampling(const at::Tensor& predicts, const at::Tensor& accept_index,
+                                    const at::Tensor& accept_token_num,
+                                    const at::Tensor& candidates, const at::Tensor& retrive_index,
+                                    const at::Tensor& retrive_next_token,
+                                    const at::Tensor& retrive_next_sibling,
+                                    const at::Tensor& uniform_samples,
+                                    const at::Tensor& uniform_samples_for_final_sampling,
+                                    const at::Tensor& target_probs, const at::Tensor& draft_probs,
+                                    double threshold_single, double threshold_acc) {
+  const char* op = kSamplingOp;
+  VerifyProblem p = check_verify_common(op, predicts, accept_index, accept_token_num, candidates,
+                                        retrive_index, retrive_next_token, retrive_next_sibling);
+  EAGLE3_CHECK(op, threshold_single >= 0.0 && threshold_single <= 1.0,
+               "threshold_single must be in [0, 1], got ", threshold_single);
+  EAGLE3_CHECK(op, threshold_acc >= 0.0 && threshold_acc <= 1.0,
+               "threshold_acc must be in [0, 1], got ", threshold_acc);
+  check_sampling_tensors(op, p, candidates, uniform_samples, uniform_samples_for_final_sampling,
+                         target_probs, draft_probs);
+  return p;
+}
+
+// tree_speculative_sampling_draft_probs: the same tensors without the thresholds; draft_probs
+// is read, not written.
+inline VerifyProblem check_sampling_draft_probs(
+    const at::Tensor& predicts, const at::Tensor& accept_index, const at::Tensor& accept_token_num,
+    const at::Tensor& candidates, const at::Tensor& retrive_index,
+    const at::Tensor& retrive_next_token, const at::Tensor& retrive_next_sibling,
+    const at::Tensor& uniform_samples, const at::Tensor& uniform_samples_for_final_sampling,
+    const at::Tensor& target_probs, const at::Tensor& draft_probs) {
+  const char* op = kDraftProbsOp;
+  VerifyProblem p = check_verify_common(op, predicts, accept_index, accept_token_num, candidates,
+                                        retrive_index, retrive_next_token, retrive_next_sibling);
+  check_sampling_tensors(op, p, candidates, uniform_samples, uniform_samples_for_final_sampling,
+                         target_probs, draft_probs);
   return p;
 }
 

@@ -17,6 +17,12 @@
 //   Reductions and scans are warp shuffles plus one shared-memory step across warps; in
 //   deterministic mode the cross-warp sum is added in warp order, otherwise with shared
 //   atomics (the result can then differ in the last bits from run to run).
+// tree_sampling_draft_probs_kernel: one block of kSamplingThreads per request. A rejected
+//   child needs the new residual's mass (a sum over the vocabulary), so every thread of the
+//   block walks the tree (the same reads and decisions in each, thread 0 writes the outputs)
+//   and the block sums relu(p - c q) at each rejection; no scratch: the residual is one scalar
+//   c (tree_logic.h). The final token is sampled as above from relu(p - c q). Element values
+//   use __fmul_rn / __fsub_rn (no FMA), bit for bit the CPU kernel's and the reference's.
 //
 // Errors: each block stores its request's first TreeError (lowest node) in errors[b], when
 // the host passed a buffer (EAGLE3_CUDA_VALIDATE=1; it then reads them back and raises).
@@ -325,6 +331,151 @@ __global__ void __launch_bounds__(kSamplingThreads) tree_sampling_kernel(Samplin
     const int64_t sampled = first_hit != INT_MAX ? first_hit : (last_valid >= 0 ? last_valid : vocab - 1);
     p.batch.predicts[last_global] = static_cast<int32_t>(sampled);
   }
+}
+
+// --- tree_speculative_sampling_draft_probs ------------------------------------------------
+
+struct DraftProbsParams {
+  VerifyBatch batch;
+  const float* coins;        // [bs, n]
+  const float* final_coins;  // [bs]
+  const float* target;       // [bs, n, vocab]
+  const float* draft;        // [bs, n, vocab]
+  TreeError* errors;         // [bs], or nullptr: errors are not recorded
+  int64_t vocab;
+};
+
+// relu(p - c q) for VEC tokens from `start` (0 past the vocabulary).
+template <int VEC>
+__device__ __forceinline__ void load_draft_residual(const float* p, const float* q, float c,
+                                                    int64_t start, int64_t vocab,
+                                                    float (&out)[VEC]) {
+  if constexpr (VEC == 4) {
+    if (start < vocab) {  // vocab % 4 == 0: a vector is all in or all out
+      const float4 pv = *reinterpret_cast<const float4*>(p + start);
+      const float4 qv = *reinterpret_cast<const float4*>(q + start);
+      out[0] = draft_residual(pv.x, qv.x, c);
+      out[1] = draft_residual(pv.y, qv.y, c);
+      out[2] = draft_residual(pv.z, qv.z, c);
+      out[3] = draft_residual(pv.w, qv.w, c);
+      return;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const int64_t x = start + k;
+    out[k] = x < vocab ? draft_residual(p[x], q[x], c) : 0.f;
+  }
+}
+
+// Sum of relu(p - c q) over the vocabulary, the same in every thread.
+template <int VEC, bool DETERMINISTIC>
+__device__ __forceinline__ float block_residual_mass(const float* p, const float* q, float c,
+                                                     int64_t vocab, float* warp_sums,
+                                                     float* total) {
+  constexpr int64_t kChunk = static_cast<int64_t>(kSamplingThreads) * VEC;
+  float local = 0.f;
+  for (int64_t start = threadIdx.x * VEC; start < vocab; start += kChunk) {
+    float v[VEC];
+    load_draft_residual<VEC>(p, q, c, start, vocab, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) local += v[k];
+  }
+  return block_sum<DETERMINISTIC>(local, warp_sums, total);
+}
+
+// The first token whose running sum of relu(p - c q) passes u, among tokens with positive
+// residual; the last such token when rounding leaves the sum short, vocab - 1 when there is
+// none. The same in every thread. Chunk by chunk (blockDim x VEC tokens), an inclusive scan
+// per chunk, stopping at the first chunk where the running sum passes u.
+template <int VEC>
+__device__ __forceinline__ int64_t block_sample_draft_residual(const float* p, const float* q,
+                                                               float c, int64_t vocab, float u,
+                                                               float* warp_sums, int* first_hit,
+                                                               int* last_valid) {
+  constexpr int64_t kChunk = static_cast<int64_t>(kSamplingThreads) * VEC;
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  if (tid == 0) {
+    *first_hit = INT_MAX;
+    *last_valid = -1;
+  }
+  __syncthreads();
+  float running = 0.f;
+  for (int64_t base = 0; base < vocab; base += kChunk) {
+    const int64_t start = base + tid * VEC;
+    float v[VEC];
+    load_draft_residual<VEC>(p, q, c, start, vocab, v);
+    float inclusive[VEC];
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) inclusive[k] = (acc += v[k]);
+    float scan = acc;  // warp inclusive scan of the per-thread sums
+#pragma unroll
+    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+      const float other = __shfl_up_sync(0xffffffffu, scan, offset);
+      if (lane >= offset) scan += other;
+    }
+    if (lane == kWarpSize - 1) warp_sums[warp] = scan;
+    __syncthreads();
+    float before = running;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w];
+    float chunk_total = 0.f;
+    for (int w = 0; w < kSamplingWarps; ++w) chunk_total += warp_sums[w];
+    before += scan - acc;
+    int hit = INT_MAX, valid = -1;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      if (v[k] > 0.f) {
+        valid = static_cast<int>(start + k);
+        if (hit == INT_MAX && before + inclusive[k] > u) hit = static_cast<int>(start + k);
+      }
+    }
+    if (hit != INT_MAX) atomicMin(first_hit, hit);
+    if (valid >= 0) atomicMax(last_valid, valid);
+    running += chunk_total;
+    __syncthreads();
+    if (*first_hit != INT_MAX) break;  // early exit: the CDF passed u
+  }
+  const int64_t sampled = *first_hit != INT_MAX ? *first_hit : (*last_valid >= 0 ? *last_valid : vocab - 1);
+  __syncthreads();  // every thread has read first_hit / last_valid before they are reused
+  return sampled;
+}
+
+template <int VEC, bool DETERMINISTIC>
+__global__ void __launch_bounds__(kSamplingThreads) tree_sampling_draft_probs_kernel(DraftProbsParams p) {
+  __shared__ float warp_sums[kSamplingWarps];
+  __shared__ float total;
+  __shared__ int first_hit;
+  __shared__ int last_valid;
+  const int64_t b = blockIdx.x, n = p.batch.n, vocab = p.vocab;
+  const float* p_rows = p.target + b * n * vocab;
+  const float* q_rows = p.draft + b * n * vocab;
+  auto target_at = [&](int64_t row, int64_t token) { return p_rows[row * vocab + token]; };
+  auto draft_at = [&](int64_t row, int64_t token) { return q_rows[row * vocab + token]; };
+  auto mass = [&](int64_t row, float c) {
+    return block_residual_mass<VEC, DETERMINISTIC>(p_rows + row * vocab, q_rows + row * vocab, c,
+                                                   vocab, warp_sums, &total);
+  };
+  // Every thread walks (the decisions depend only on values every thread reads, and the
+  // masses are the same in every thread), so the block stays together through the sums.
+  DraftProbsWalk w;
+  const TreeError err = draft_probs_walk_request(p.batch, b, vocab, p.coins + b * n, target_at,
+                                                 draft_at, mass, threadIdx.x == 0, &w);
+  if (err.code != kOk) {
+    if (threadIdx.x == 0 && p.errors) p.errors[b] = err;
+    return;  // every thread: err is the same in all of them
+  }
+  const float* pr = p_rows + w.final_row * vocab;
+  const float* qr = q_rows + w.final_row * vocab;
+  float c = w.c;
+  float z = block_residual_mass<VEC, DETERMINISTIC>(pr, qr, c, vocab, warp_sums, &total);
+  if (!(z > 0.f)) {  // the residual rounded to zero everywhere: the target row (CPU kernel alike)
+    c = 0.f;
+    z = block_residual_mass<VEC, DETERMINISTIC>(pr, qr, c, vocab, warp_sums, &total);
+  }
+  const int64_t token = block_sample_draft_residual<VEC>(pr, qr, c, vocab, p.final_coins[b] * z,
+                                                         warp_sums, &first_hit, &last_valid);
+  if (threadIdx.x == 0) p.batch.predicts[w.last_global] = static_cast<int32_t>(token);
 }
 
 }  // namespace eagle3::tree::cuda

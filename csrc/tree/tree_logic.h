@@ -163,16 +163,18 @@ EAGLE3_HD bool checked_link(const int64_t* links, int32_t code, const VerifyRequ
 // the children of the last accepted node are tried in sibling order and the first that
 // try_child(last_global, node, &err) accepts becomes the last accepted node (its token goes
 // to predicts at its parent). *last_global: the global index of the last accepted node.
+// write_outputs false: the walk only decides (a CUDA block whose threads all walk the same
+// tree lets one of them write).
 template <typename TryChild>
 EAGLE3_HD TreeError walk_tree(const VerifyBatch& batch, int64_t b, TryChild try_child,
-                              int64_t* last_global) {
+                              int64_t* last_global, bool write_outputs = true) {
   const VerifyRequest r = batch.request(b);
   int32_t* predicts = batch.predicts;
   int32_t* accept_row = batch.accept_index + b * batch.num_steps;
   TreeError err;
   int64_t last;
   if (!global_index(r, 0, &last, &err)) return err;
-  accept_row[0] = static_cast<int32_t>(last);
+  if (write_outputs) accept_row[0] = static_cast<int32_t>(last);
   int64_t accepted = 0;
   int64_t cur = 0;
   for (int64_t step = 1; step < batch.num_steps; ++step) {
@@ -186,9 +188,11 @@ EAGLE3_HD TreeError walk_tree(const VerifyBatch& batch, int64_t b, TryChild try_
       const bool accept = try_child(last, cur, &err);
       if (err.code != kOk) return err;
       if (accept) {
-        predicts[last] = static_cast<int32_t>(r.candidates[cur]);
         ++accepted;
-        accept_row[accepted] = static_cast<int32_t>(g);
+        if (write_outputs) {
+          predicts[last] = static_cast<int32_t>(r.candidates[cur]);
+          accept_row[accepted] = static_cast<int32_t>(g);
+        }
         last = g;
         break;
       }
@@ -196,7 +200,7 @@ EAGLE3_HD TreeError walk_tree(const VerifyBatch& batch, int64_t b, TryChild try_
     }
     if (cur == -1) break;
   }
-  batch.accept_num[b] = static_cast<int32_t>(accepted);
+  if (write_outputs) batch.accept_num[b] = static_cast<int32_t>(accepted);
   *last_global = last;
   return err;
 }
@@ -263,5 +267,79 @@ EAGLE3_HD TreeError sampling_walk_request(const VerifyBatch& batch, int64_t b, i
 
 // threshold_acc is divided by; like sgl-kernel, 0 is read as a tiny positive number.
 constexpr float kMinThresholdAcc = 1e-9f;
+
+// --- tree_speculative_sampling_draft_probs --------------------------------------------------
+//
+// Recursive rejection sampling with the draft's probabilities, children drawn i.i.d. (with
+// replacement) from the draft distribution q of their parent. At a node with target p, the
+// residual after k rejected children is p_k = normalize(relu(p_{k-1} - q)), which equals
+// relu(p - c_k q) / Z_k with c_0 = 0, Z_0 = 1 (the target row as given) and
+// c_{k+1} = c_k + Z_k, Z_k = sum over the vocabulary of relu(p - c_k q): the residual is one
+// scalar c and its mass Z, not a buffer, and each rejection costs one pass over the row.
+
+// relu(p - c q) rounded as two float32 operations, never fused into an FMA, so that the CPU
+// kernel, the CUDA kernel and the reference compute the same value for every token.
+EAGLE3_HD float draft_residual(float p, float q, float c) {
+#if defined(__CUDA_ARCH__)
+  const float v = __fsub_rn(p, __fmul_rn(c, q));
+#else
+  const float v = p - c * q;  // the CPU source is compiled with -ffp-contract=off
+#endif
+  return v > 0.0f ? v : 0.0f;
+}
+
+// Whether a child with target residual r = relu(p - c q)(x) and draft probability q(x) is
+// accepted with its coin: coin < r / (Z q(x)), i.e. with probability min(1, p_k(x) / q(x)).
+// q(x) = 0 accepts any x with residual mass; r = 0 never accepts.
+EAGLE3_HD bool draft_accepts(float coin, float mass, float q, float r) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(__fmul_rn(coin, mass), q) < r;
+#else
+  return coin * mass * q < r;
+#endif
+}
+
+// Outcome of the draft-probability walk: the final token is sampled from
+// relu(p - c q) at row final_row (c = 0: the full target row).
+struct DraftProbsWalk {
+  int64_t last_global = 0;  // global index of the last accepted node
+  int64_t final_row = 0;    // its local node index
+  float c = 0.0f;           // the residual's scalar at that node
+};
+
+// Walk of request b for tree_speculative_sampling_draft_probs, before the final sample.
+// coins: uniform_samples[b, :], child node i is decided by coins[i]. target(row, token) and
+// draft(row, token) read target_probs / draft_probs [b, row, token]; mass(row, c) returns the
+// sum over the vocabulary of draft_residual(target, draft, c) at row (after a rejection).
+template <typename Target, typename Draft, typename Mass>
+EAGLE3_HD TreeError draft_probs_walk_request(const VerifyBatch& batch, int64_t b, int64_t vocab,
+                                             const float* coins, Target target, Draft draft,
+                                             Mass mass, bool write_outputs,
+                                             DraftProbsWalk* walk) {
+  const int64_t* candidates = batch.candidates + b * batch.n;
+  int64_t row = 0;
+  float c = 0.0f, z = 1.0f;
+  auto try_child = [&](int64_t, int64_t node, TreeError* err) {
+    const int64_t token = candidates[node];
+    if (token < 0 || token >= vocab) {
+      *err = make_error(kCandidateOutOfRange, b, node, token);
+      return false;
+    }
+    const float q = draft(row, token);
+    if (draft_accepts(coins[node], z, q, draft_residual(target(row, token), q, c))) {
+      row = node;
+      c = 0.0f;
+      z = 1.0f;
+      return true;
+    }
+    c += z;
+    z = mass(row, c);
+    return false;
+  };
+  TreeError err = walk_tree(batch, b, try_child, &walk->last_global, write_outputs);
+  walk->final_row = row;
+  walk->c = c;
+  return err;
+}
 
 }  // namespace eagle3::tree

@@ -15,6 +15,7 @@ from .engine import SpeculativeGenerateOutput, SpeculativeGenerator, TreeConfig
 from .ops import (
     build_tree_kernel_efficient,
     fused_aux_fc,
+    tree_speculative_sampling_draft_probs,
     tree_speculative_sampling_target_only,
     tree_attention,
     tree_attention_paged,
@@ -54,6 +55,7 @@ __all__ = [
     "ops",
     "reference",
     "resolve_aux_layer_ids",
+    "tree_speculative_sampling_draft_probs",
     "tree_speculative_sampling_target_only",
     "tree_attention",
     "tree_attention_paged",

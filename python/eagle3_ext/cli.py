@@ -142,6 +142,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--lookup-ngram", type=T.integer(1, TreeConfig.MAX_LOOKUP_NGRAM),
                    help=f"the longest context suffix the lookup matches (default {TreeConfig().lookup_ngram})")
     p.add_argument("--chain", action="store_true", help="draft a chain (topk 1) of --depth tokens")
+    p.add_argument("--sampled-draft", action="store_true",
+                   help="when sampling: draw a chain of --depth tokens from the draft's distribution and verify "
+                        "with the draft's probabilities (p/q), no lookup")
     p.add_argument("--attention", choices=["tree", "sdpa"], default="tree")
     p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
     p.add_argument("--baseline", action="store_true",
@@ -173,7 +176,8 @@ def _run_generate(args) -> int:
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, depth=args.depth, topk=args.topk,
                               num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
-                              lookup_ngram=args.lookup_ngram, chain=args.chain, attention=args.attention,
+                              lookup_ngram=args.lookup_ngram, chain=args.chain,
+                              sampled_draft=args.sampled_draft, attention=args.attention,
                               seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture,
                               compile=args.compile)
@@ -195,7 +199,7 @@ def _run_generate(args) -> int:
                   "lookup tokens accepted)" if tree["lookup_tokens"] else "")
         line = (f"tree depth {tree['depth']} topk {tree['topk']} nodes {tree['num_draft_tokens']}{lookup}: "
                 f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards, acceptance length "
-                f"{report['acceptance_length']:.2f}, {report['tokens_per_s']:.1f} tokens/s")
+                f"{report['acceptance_length']:.2f}{_bound_text(report)}, {report['tokens_per_s']:.1f} tokens/s")
         if args.baseline:
             line += (f"; plain decoding {report['baseline_tokens_per_s']:.1f} tokens/s, speedup "
                      f"{report['speedup']:.2f}x")
@@ -203,6 +207,12 @@ def _run_generate(args) -> int:
                 line += ", outputs identical" if report["identical"] else _divergence_text(report.get("divergence"))
         print(line, file=sys.stderr)
     return 0 if output_ok(report) else 1
+
+
+def _bound_text(report) -> str:
+    """Sampling: the acceptance bound beside the acceptance length."""
+    bound = report.get("acceptance_bound")
+    return "" if bound is None else f" (bound {bound:.2f}: what lossless verification of these trees keeps)"
 
 
 def _divergence_text(d) -> str:
@@ -277,11 +287,18 @@ def _add_bench(sub) -> None:
     p.add_argument("--num-prompts", type=T.integer(1), help="use only the first N prompts (e.g. to keep a sweep short)")
     p.add_argument("--max-new-tokens", type=T.integer(1), default=128)
     p.add_argument("--batch-sizes", type=T.integer(1), nargs="+", default=[1, 4])
-    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES[,LOOKUP]",
-                   help="tree configurations to run, LOOKUP the lookup_tokens (default 0) (default: chain5, 5,4,16, "
-                        "chain5 with lookup 10 and 5,2,16,10)")
+    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES[,LOOKUP][,sampled]",
+                   help="tree configurations to run, LOOKUP the lookup_tokens (default 0); ',sampled' draws a "
+                        "chain's tokens from the draft when sampling (default: chain5, 5,4,16, chain5 with lookup 10 "
+                        "and 5,2,16,10)")
     p.add_argument("--sweep", action="store_true",
                    help="try a grid of depth / topk / num_draft_tokens / lookup at batch 1")
+    p.add_argument("--temperature", type=T.number(0), nargs="+", default=[0.0], metavar="T",
+                   help="a run per temperature, 0 = greedy (default: greedy only); T > 0 samples, against plain HF "
+                        "sampling with the same settings, and reports each configuration's acceptance bound")
+    p.add_argument("--top-p", type=T.number(0, 1, exclusive_minimum=True), default=1.0,
+                   help="top-p of the sampled runs (1 = off)")
+    p.add_argument("--top-k", type=T.integer(0), default=0, help="top-k of the sampled runs (0 = off)")
     p.add_argument("--out", type=T.output_directory, default="bench-results/e2e",
                    help="directory for bench.json, bench.md, bench.png")
     _add_dtype_options(p)
@@ -300,12 +317,15 @@ def _parse_trees(specs):
     trees = {}
     for spec in specs:
         try:
-            values = [int(x) for x in spec.split(",")]
+            parts = spec.split(",")
+            sampled = parts[-1] == "sampled"
+            values = [int(x) for x in (parts[:-1] if sampled else parts)]
             if len(values) not in (3, 4):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, got {spec!r}") from None
-        tree = TreeConfig(*values[:3], lookup_tokens=values[3] if len(values) == 4 else 0)
+            raise ValueError(f"--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally followed by "
+                             f",sampled, got {spec!r}") from None
+        tree = TreeConfig(*values[:3], lookup_tokens=values[3] if len(values) == 4 else 0, sampled=sampled)
         trees[tree.name] = tree
     return trees
 
@@ -318,7 +338,8 @@ def _run_bench(args) -> int:
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
                       num_prompts=args.num_prompts, compiled_baseline=not args.no_compiled_baseline,
                       llama_cpp=not args.no_llama_cpp, compile=args.compile,
-                      prompts=load_prompts(args.prompts) if args.prompts else None)
+                      prompts=load_prompts(args.prompts) if args.prompts else None,
+                      temperatures=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.tree:
         cfg.configs = _parse_trees(args.tree)
     elif args.sweep:

@@ -13,7 +13,7 @@ import torch
 from . import _C  # noqa: F401  (registers the schemas read below)
 
 _OPS = ("fused_aux_fc", "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
-        "tree_attention", "tree_attention_paged")
+        "tree_speculative_sampling_draft_probs", "tree_attention", "tree_attention_paged")
 # (argument name, schema type) per op, read once so that the checks below stay plain Python
 # (torch.compile traces them without a graph break).
 _SIGNATURES: Dict[str, Tuple[Tuple[str, str], ...]] = {
@@ -213,6 +213,53 @@ def tree_speculative_sampling_target_only(
     )
 
 
+def tree_speculative_sampling_draft_probs(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    deterministic: bool = True,
+) -> None:
+    """Lossless tree verification with the draft's probabilities (SpecInfer / EAGLE), in place.
+
+    The children of node i must have been drawn i.i.d. (with replacement) from
+    ``draft_probs[b, i]``. At the last accepted node, with target ``p`` and draft ``q``, the
+    children are tried in sibling order: child node ``j`` with token ``x = candidates[b, j]`` is
+    accepted when its own coin ``uniform_samples[b, j]`` is ``< p'(x) / q(x)``, with ``p'``
+    starting as ``p``; a rejection sets ``p' = normalize(relu(p' - q))`` and tries the next
+    sibling (``q`` unchanged). After an accepted child the walk descends; when no child is
+    accepted, or after ``S - 1`` accepted
+    tokens, the final token is drawn with ``uniform_samples_for_final_sampling[b]`` from ``p'``
+    at the last accepted node. The emitted tokens follow the target distribution exactly,
+    whatever the draft (q with zeros where p has mass, q = p, q one-hot). There are no
+    thresholds: nothing trades exactness for acceptance. Children drawn without replacement
+    (distinct siblings) would need q renormalized without each rejected token; this op keeps q.
+
+    Args:
+        predicts, accept_index, accept_token_num, candidates, retrive_*: as verify_tree_greedy.
+        uniform_samples: float32 ``[bs, N]``, the coin of each child node (column 0 unused).
+        uniform_samples_for_final_sampling: float32 ``[bs]``.
+        target_probs: float32 ``[bs, N, V]``, the target's distribution at every node (rows
+            summing to 1).
+        draft_probs: float32 ``[bs, N, V]``, read only: row i is the distribution node i's
+            children were drawn from.
+        deterministic: a reproducible reduction order on CUDA (CPU is always deterministic).
+    """
+    _call(
+        "tree_speculative_sampling_draft_probs",
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, uniform_samples,
+        uniform_samples_for_final_sampling, target_probs, draft_probs, deterministic,
+    )
+
+
 # Mutating ops return nothing: their fake kernels only check what can be checked on shapes.
 
 
@@ -245,6 +292,22 @@ def _tree_speculative_sampling_target_only_fake(
     torch._check_value(
         0.0 <= threshold_single <= 1.0 and 0.0 <= threshold_acc <= 1.0,
         lambda: "eagle3.tree_speculative_sampling_target_only: thresholds must be in [0, 1]",
+    )
+    return None
+
+
+@torch.library.register_fake("eagle3::tree_speculative_sampling_draft_probs")
+def _tree_speculative_sampling_draft_probs_fake(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+    draft_probs, deterministic,
+):
+    torch._check_value(
+        tuple(draft_probs.shape) == tuple(target_probs.shape),
+        lambda: (
+            "eagle3.tree_speculative_sampling_draft_probs: draft_probs must have the shape of "
+            f"target_probs {tuple(target_probs.shape)}, got {tuple(draft_probs.shape)}"
+        ),
     )
     return None
 

@@ -30,8 +30,8 @@ def cat_linear(
 
 # --- Tree building and verification ---------------------------------------------------------
 # Same signatures and in-place outputs as the ops (torch.ops.eagle3.build_tree_kernel_efficient,
-# verify_tree_greedy, tree_speculative_sampling_target_only): plain loops over requests and
-# nodes, on CPU tensors. Invalid trees raise ValueError.
+# verify_tree_greedy, tree_speculative_sampling_target_only and _draft_probs): plain loops over
+# requests and nodes, on CPU tensors. Invalid trees raise ValueError.
 
 
 def _tree_parents(parent_row: list, selected_row: list, topk: int, n: int) -> list:
@@ -215,6 +215,60 @@ def tree_speculative_sampling_target_only(
         predicts[last] = sample_residual(
             target_probs[b, row], draft_row, float(uniform_samples_for_final_sampling[b])
         )
+
+
+def tree_speculative_sampling_draft_probs(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    deterministic: bool = True,
+) -> None:
+    """Recursive rejection sampling with the draft's probabilities, children drawn i.i.d. from
+    their parent's draft row (see the op); fills the outputs in place.
+
+    At a node with target p and draft q, after k rejected children the target's residual is
+    p_k = normalize(relu(p_{k-1} - q)) = relu(p - c_k q) / Z_k, with c_0 = 0, Z_0 = 1 and
+    c_{k+1} = c_k + Z_k, Z_k = sum(relu(p - c_k q)). Child x is accepted when its coin
+    u < p_k(x) / q(x), computed as u * Z_k * q(x) < relu(p - c_k q)(x). Elements are float32
+    (``c * q`` then the subtraction, as the kernels), sums in float64 rounded to float32.
+    """
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    vocab = target_probs.shape[2]
+    for b in range(candidates.shape[0]):
+        state = dict(row=0, c=f32(0.0), z=f32(1.0))
+
+        def residual(row, c):
+            return (target_probs[b, row] - c * draft_probs[b, row]).clamp_min(0)
+
+        def try_child(last, node):
+            token, row, c, z = int(candidates[b, node]), state["row"], state["c"], state["z"]
+            if not 0 <= token < vocab:
+                raise ValueError(f"request {b}, node {node}: candidates = {token} is not a token id")
+            q = draft_probs[b, row, token]
+            r = (target_probs[b, row, token] - c * q).clamp_min(0)
+            if uniform_samples[b, node] * z * q < r:
+                state.update(row=node, c=f32(0.0), z=f32(1.0))
+                return True
+            c = c + z
+            state.update(c=c, z=residual(row, c).double().sum().float())
+            return False
+
+        last = _walk_tree(
+            b, candidates, retrive_index, retrive_next_token, retrive_next_sibling, predicts,
+            accept_index, accept_token_num, try_child,
+        )
+        final = residual(state["row"], state["c"])
+        if not bool((final > 0).any()):  # rounded to zero everywhere: the target row itself
+            final = target_probs[b, state["row"]]
+        predicts[last] = sample_residual(final, None, float(uniform_samples_for_final_sampling[b]))
 
 
 # --- Batched pure-PyTorch verification (the baseline an engine would otherwise run) ---------

@@ -11,8 +11,9 @@ The data flow of one speculative round:
    With hybrid drafting, ``graft_chains`` then hangs each request's prompt-lookup chain
    under the deepest tree node that already matches it.
 3. The target runs over ``DraftTree.draft_tokens`` with ``tree_mask`` and ``positions``.
-4. ``verify_greedy`` or ``verify_sampling`` walks the tree against the target's output and
-   returns a ``VerifyResult``: the accepted tokens of every request (bonus token included).
+4. ``verify_greedy``, ``verify_sampling`` or (for children drawn from the draft's
+   distribution) ``verify_sampling_draft_probs`` walks the tree against the target's output
+   and returns a ``VerifyResult``: the accepted tokens of every request (bonus token included).
 
 The candidate numbering follows sgl-kernel's: step 0 has ``topk`` candidates (0..topk-1),
 every later step ``topk * topk`` (the children of each frontier node), and a candidate's
@@ -285,5 +286,30 @@ def verify_sampling(
         predicts, accept_index, accept_length, tree.draft_tokens, tree.retrive_index,
         tree.retrive_next_token, tree.retrive_next_sibling, coins, final_coins,
         target_probs.float().contiguous(), draft_probs, threshold_single, threshold_acc, deterministic,
+    )
+    return _result(predicts, accept_index, accept_length)
+
+
+def verify_sampling_draft_probs(
+    tree: DraftTree, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+    generator: Optional[torch.Generator] = None, deterministic: bool = True,
+) -> VerifyResult:
+    """Lossless verification with the draft's probabilities (recursive rejection sampling with
+    p/q acceptance and residuals, ``eagle3.tree_speculative_sampling_draft_probs``).
+
+    The children of node i must have been drawn i.i.d. (with replacement) from
+    ``draft_probs[:, i]``; the emitted tokens then follow the target exactly, whatever the draft.
+    target_probs, draft_probs: ``[bs, N, V]``, the target's (temperature-scaled) distribution
+    and the draft's proposal distribution at every node. Coins are drawn from ``generator``
+    on the tensors' device.
+    """
+    bs, n, device = tree.batch_size, tree.num_draft_tokens, target_probs.device
+    predicts, accept_index, accept_length = _outputs(tree)
+    coins = torch.rand(bs, n, generator=generator, device=device)
+    final_coins = torch.rand(bs, generator=generator, device=device)
+    ops.tree_speculative_sampling_draft_probs(
+        predicts, accept_index, accept_length, tree.draft_tokens, tree.retrive_index,
+        tree.retrive_next_token, tree.retrive_next_sibling, coins, final_coins,
+        target_probs.float().contiguous(), draft_probs.float().contiguous(), deterministic,
     )
     return _result(predicts, accept_index, accept_length)

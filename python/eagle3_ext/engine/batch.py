@@ -4,7 +4,8 @@
 One round, per the module layout of this package: capture (hooks on the target) -> fc
 (``draft.project_aux``) -> draft tree (``drafting``, plus the lookup chains of ``lookup``
 grafted on) -> verify (``TargetRunner.verify``, the
-logits processors at every node, ``tree.verify_greedy`` / ``verify_sampling``) -> accept ->
+logits processors at every node, ``tree.verify_greedy`` / ``verify_sampling``; sampling also
+measures the round's ``acceptance_bound``) -> accept ->
 compact (``TargetRunner.commit`` and the draft cache's ``keep``). Finished requests leave the
 batch; the rest keep their rows, ``active[row]`` naming the request of each row.
 """
@@ -17,9 +18,11 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..tree import DraftTree, graft_chains, verify_greedy, verify_sampling
+from ..tree import DraftTree, graft_chains, verify_greedy, verify_sampling, verify_sampling_draft_probs
+from .acceptance_bound import acceptance_bound
 from .config import filtered_probs
-from .drafting import DraftInputs, build_tree, candidate_scores, draft_cache_capacity, draft_steps, extend
+from .drafting import (DraftInputs, DraftSampler, build_tree, candidate_scores, draft_cache_capacity, draft_steps,
+                       extend)
 from .lookup import NgramLookup, draft_nodes_to_keep
 from .processors import process_next, process_tree
 from .settings import GenerateSettings
@@ -116,7 +119,11 @@ class Batch:
         gen, stats, nb = self.gen, self.stats, len(self.active)
         t0 = time.perf_counter()
         root_logits, root_hidden = extend(gen.draft, self.dcache, self.inputs)
-        steps = draft_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree)
+        sampler = None
+        if gen.tree.sampled and not self.settings.sampling.greedy:
+            sampler = DraftSampler(gen.draft, self.settings.sampling, self.rng)
+        steps = draft_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree,
+                            sampler)
         self.dcache.rollback()
         t1 = time.perf_counter()
         tree, placed = self._tree(steps)
@@ -127,9 +134,20 @@ class Batch:
         scores = self._tree_scores(vout.logits, tree, nb, n)
         if self.settings.sampling.greedy:
             result = verify_greedy(tree, scores.argmax(-1))
+            t4 = t5 = time.perf_counter()
         else:
-            result = verify_sampling(tree, filtered_probs(scores, self.settings.sampling), generator=self.rng)
-        t4 = time.perf_counter()
+            probs = filtered_probs(scores, self.settings.sampling)
+            if sampler is not None:  # drawn tokens: verified with the draft's probabilities
+                depths = tree.positions.view(nb, n) - self.runner.seq_lens[:, None]
+                result = verify_sampling_draft_probs(tree, probs, sampler.draft_probs(depths, probs.shape[-1]),
+                                                     generator=self.rng)
+                t4 = t5 = time.perf_counter()
+            else:
+                result = verify_sampling(tree, probs, generator=self.rng)
+                t4 = time.perf_counter()
+                # What exact lossless verification of this tree keeps in expectation, per request.
+                stats.add_bound(acceptance_bound(tree, probs).per_depth.sum(0).tolist(), nb)
+                t5 = time.perf_counter()
         rows = torch.arange(nb, device=self.device)[:, None]
         accept_local = torch.where(result.accept_index >= 0, result.accept_index - rows * n, -1).long()
         counts = result.accept_length.long() + 1
@@ -159,7 +177,8 @@ class Batch:
         stats.tree_build_time_s += t2 - t1
         stats.verify_time_s += t3 - t2
         stats.accept_time_s += t4 - t3
-        stats.compact_time_s += time.perf_counter() - t4
+        stats.bound_time_s += t5 - t4
+        stats.compact_time_s += time.perf_counter() - t5
 
     def emit(self, request: int, tokens: List[int]) -> None:
         """Appends a request's newly accepted tokens, up to its first stop (EOS, stop string or

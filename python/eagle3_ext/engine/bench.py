@@ -9,6 +9,13 @@ length, per-depth acceptance, speedup against plain generate and whether the out
 identical to it. Writes bench.json, bench.md and bench.png (speedup and acceptance per
 configuration). ``sweep`` tries depth / topk / num_draft_tokens combinations at batch 1 and
 names the fastest for the machine it runs on.
+
+Each temperature > 0 in ``temperatures`` adds a sampled run per batch size: plain Hugging Face
+sampling with the same temperature / top-p / top-k as the baseline, and every configuration
+sampling with them. Sampled outputs are not token-identical to the baseline's (there is no
+divergence check); instead each configuration reports its acceptance bound (what exact lossless
+verification of its trees keeps in expectation, engine/acceptance_bound.py), per depth too,
+and acceptance / bound.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -53,6 +61,9 @@ class BenchConfig:
     out: str = "bench-results/e2e"
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
+    temperatures: Sequence[float] = (0.0,)    # a run per temperature and batch size; 0 = greedy
+    top_p: float = 1.0                        # the sampled runs' top-p (1.0 = off)
+    top_k: int = 0                            # the sampled runs' top-k (0 = off)
 
     def validate(self) -> List[str]:
         """Raises TypeError / ValueError naming the first bad field; returns the prompts to run."""
@@ -84,7 +95,22 @@ class BenchConfig:
         validation.output_dir("out", self.out)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
+        self._validate_sampling()
         return prompts
+
+    def _validate_sampling(self) -> None:
+        if isinstance(self.temperatures, (int, float, str)) or not self.temperatures:
+            raise TypeError(f"temperatures must be a non-empty list of numbers >= 0 (0 = greedy), got "
+                            f"{self.temperatures!r}")
+        for i, t in enumerate(self.temperatures):
+            validation.number(f"temperatures[{i}]", t, 0)
+        if len(set(self.temperatures)) != len(self.temperatures):
+            raise ValueError(f"temperatures must be distinct (one run each), got {list(self.temperatures)}")
+        validation.number("top_p", self.top_p, 0, 1, exclusive_minimum=True)
+        validation.integer("top_k", self.top_k, 0)
+        if (self.top_p != 1.0 or self.top_k != 0) and not any(t > 0 for t in self.temperatures):
+            raise ValueError(f"top_p={self.top_p:g} / top_k={self.top_k} filter the sampled runs, but temperatures "
+                             f"{list(self.temperatures)} run greedy only; add a temperature > 0")
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
@@ -111,7 +137,13 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     report["machine"] = {**asdict(rates), "target_weights": weights_read(target), "draft_weights": weights_read(draft)}
     try:
         for bs in cfg.batch_sizes:
-            report["runs"].append(_bench_batch(cfg, bs, prompts, target_dir, target, tok, gens, rates, progress))
+            for temperature in cfg.temperatures:
+                if temperature == 0:
+                    report["runs"].append(_bench_batch(cfg, bs, prompts, target_dir, target, tok, gens, rates,
+                                                       progress))
+                else:
+                    report["runs"].append(_bench_sampled(cfg, bs, float(temperature), prompts, target, tok, gens,
+                                                         rates, progress))
     except KeyboardInterrupt:
         if not report["runs"]:
             raise
@@ -161,20 +193,68 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str,
                    for group in groups]
         s = GenerationStats.combine([r.stats for r in results])
         outputs = [t for r in results for t in r.new_tokens]
-        rows[name] = {"method": name, "depth": gen.tree.depth, "topk": gen.tree.topk,
-                      "num_draft_tokens": gen.tree.num_draft_tokens, "tokens_per_s": s.tokens_per_s,
-                      "speedup": s.tokens_per_s / (base_tokens / base_time),
-                      "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
-                      "lookup_tokens": gen.tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
-                      "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s, gen.tree),
-                      "roofline": estimate_round_cost(target, gen.draft, gen.tree, rates, bs),
-                      "compiled": compiled, "compile_s": warm.stats.compile_time_s + s.compile_time_s,
+        rows[name] = {**_config_row(name, gen, s, warm.stats, base_tokens / base_time, decode_step_s, target,
+                                    rates, bs),
                       **_compare(target, tok, prompts, outputs, base_outputs)}
         if progress:
             print(f"batch {bs} {name}: {s.tokens_per_s:.1f} tokens/s, speedup {rows[name]['speedup']:.2f}x, "
                   f"acceptance length {s.acceptance_length:.2f}, round {_cost_cell(rows[name]['round_cost'])}, "
                   f"identical {_identical_cell(rows[name])}", file=sys.stderr, flush=True)
-    return {"batch_size": bs, "results": list(rows.values()), **({"left_out": left_out} if left_out else {})}
+    return {"batch_size": bs, "temperature": 0.0, "results": list(rows.values()),
+            **({"left_out": left_out} if left_out else {})}
+
+
+def _bench_sampled(cfg: BenchConfig, bs: int, temperature: float, prompts: List[str], target, tok, gens,
+                   rates: MachineRates, progress: bool) -> Dict[str, Any]:
+    """Sampling at ``temperature`` (with cfg.top_p / top_k) at batch size ``bs``: plain Hugging
+    Face sampling, then every configuration with its acceptance bound. Group i samples from
+    seed i on both sides; the outputs differ from the baseline's by design (no divergence check)."""
+    sample = dict(do_sample=True, temperature=temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+    groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+    base_tokens, base_time, base_steps = 0, 0.0, 0
+    for seed, group in enumerate(groups):
+        out, t = hf_generate(target, tok, group, cfg.max_new_tokens, seed=seed, **sample)
+        base_tokens += sum(len(o) for o in out)
+        base_steps += max(len(o) for o in out)
+        base_time += t
+    decode_step_s = base_time / max(1, base_steps)
+    rows: Dict[str, Dict[str, Any]] = {"hf_generate": {
+        "method": "hf_generate", "tokens_per_s": base_tokens / base_time, "speedup": 1.0, "acceptance_length": 1.0,
+        "identical": None}}
+    for name, gen in gens.items():
+        compiled = gen.compiled is not None
+        warm = gen.generate(groups[0], max_new_tokens=cfg.max_new_tokens if compiled else 4, seed=0,
+                            return_dict_in_generate=True, **sample)
+        results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, seed=seed, return_dict_in_generate=True,
+                                **sample) for seed, group in enumerate(groups)]
+        s = GenerationStats.combine([r.stats for r in results])
+        row = _config_row(name, gen, s, warm.stats, base_tokens / base_time, decode_step_s, target, rates, bs)
+        row.update(acceptance_bound=s.acceptance_bound, bound_ratio=s.bound_ratio,
+                   depth_acceptance_bound=s.depth_acceptance_bound, identical=None)
+        rows[name] = row
+        if progress:
+            bound = ("no bound (drawn tokens)" if s.acceptance_bound is None else
+                     f"of bound {s.acceptance_bound:.2f} ({s.bound_ratio:.2f})")
+            print(f"batch {bs} temperature {temperature:g} {name}: {s.tokens_per_s:.1f} tokens/s, speedup "
+                  f"{row['speedup']:.2f}x, acceptance length {s.acceptance_length:.2f} {bound}, round "
+                  f"{_cost_cell(row['round_cost'])}",
+                  file=sys.stderr, flush=True)
+    return {"batch_size": bs, "temperature": temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+            "results": list(rows.values())}
+
+
+def _config_row(name: str, gen, s: GenerationStats, warm: GenerationStats, base_rate: float, decode_step_s: float,
+                target, rates: MachineRates, bs: int) -> Dict[str, Any]:
+    """One configuration's row: speed against the baseline's rate (tokens/s), acceptance, the
+    round's cost in the baseline's decode steps and its roofline estimate."""
+    tree = gen.tree
+    return {"method": name, "depth": tree.depth, "topk": tree.topk, "num_draft_tokens": tree.num_draft_tokens,
+            "tokens_per_s": s.tokens_per_s, "speedup": s.tokens_per_s / base_rate,
+            "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
+            "lookup_tokens": tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
+            "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s, tree),
+            "roofline": estimate_round_cost(target, gen.draft, tree, rates, bs),
+            "compiled": gen.compiled is not None, "compile_s": warm.compile_time_s + s.compile_time_s}
 
 
 def _peer_rows(cfg: BenchConfig, target_dir: str, target, tok, groups, base_outputs, base_rate: float,
@@ -206,12 +286,14 @@ def _peer_rows(cfg: BenchConfig, target_dir: str, target, tok, groups, base_outp
 def round_cost(stats: GenerationStats, decode_step_s: float, tree: TreeConfig) -> Dict[str, float]:
     """A round's cost in plain decode steps of the same run (r = round time / decode-step time,
     the decode step being plain generate's time per forward at the same batch size), and its
-    parts: draft forwards, tree building (and lookup grafting), the verify forward, acceptance,
-    KV compaction, and the rest (prefill, the capture guard, bookkeeping), each per round. Also
-    one draft forward's time (a round runs ``depth`` of them), to hold against its roofline."""
+    parts: draft forwards, tree building (and lookup grafting), the verify forward, acceptance
+    (with sampling: filtering, softmax and the verify op), measuring the acceptance bound
+    (sampling only; 0 when greedy), KV compaction, and the rest (prefill, the capture guard,
+    bookkeeping), each per round. Also one draft forward's time (a round runs ``depth`` of
+    them), to hold against its roofline."""
     rounds = max(1, stats.rounds)
     parts = {"draft": stats.draft_time_s, "tree": stats.tree_build_time_s, "verify": stats.verify_time_s,
-             "accept": stats.accept_time_s, "compact": stats.compact_time_s,
+             "accept": stats.accept_time_s, "bound": stats.bound_time_s, "compact": stats.compact_time_s,
              "other": stats.other_time_s + stats.guard_time_s}
     out = {name: t / rounds / decode_step_s for name, t in parts.items()}
     out["r"] = stats.total_time_s / rounds / decode_step_s
@@ -236,7 +318,8 @@ def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: Lis
 
 
 def _cost_cell(cost: Dict[str, float]) -> str:
-    parts = " + ".join(f"{name} {cost[name]:.2f}" for name in ("draft", "tree", "verify", "accept", "compact", "other"))
+    names = ("draft", "tree", "verify", "accept", "bound", "compact", "other")
+    parts = " + ".join(f"{name} {cost[name]:.2f}" for name in names if name != "bound" or cost.get(name))
     return f"r {cost['r']:.2f} = {parts}"
 
 
@@ -265,6 +348,9 @@ def markdown(report: Dict[str, Any]) -> str:
                   f"(target) and {m['draft_weights']['bytes'] / 1e6:.1f} MB (draft). The roofline r is what a round "
                   "would cost at those rates; the measured r's excess over it is framework overhead.", ""]
     for run in report["runs"]:
+        if run.get("temperature"):
+            lines += _sampled_markdown(run)
+            continue
         lines += [f"**batch {run['batch_size']}**", "",
                   "| method | tokens/s | speedup vs HF generate | acceptance length | per-depth acceptance | "
                   "round cost in decode steps | roofline r | draft step ms (roofline) | identical |",
@@ -295,6 +381,39 @@ def markdown(report: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _sampled_markdown(run: Dict[str, Any]) -> List[str]:
+    lines = [f"**batch {run['batch_size']}, sampling at temperature {run['temperature']:g}, top-p {run['top_p']:g}, "
+             f"top-k {run['top_k'] or 'off'}**", "",
+             "Against plain HF sampling with the same settings; not token-identical by design. The bound is what "
+             "exact lossless verification of the same trees keeps in expectation; per depth: measured (bound). A "
+             "sampled chain draws its tokens from the draft and is p/q-verified: that bound does not apply to it.", "",
+             "| method | tokens/s | speedup vs HF sampling | acceptance length | bound | acceptance / bound | "
+             "per-depth acceptance (bound) | round cost in decode steps | roofline r |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in run["results"]:
+        if "round_cost" not in r:  # the baseline
+            lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | - | - | - | - | - | - |")
+            continue
+        if r["acceptance_bound"] is None:  # a sampled chain
+            depth = " ".join(f"{a:.2f}" for a in r["depth_acceptance"])
+            bound_cells = "- | -"
+        else:
+            pairs = list(zip_longest(r["depth_acceptance"], r["depth_acceptance_bound"], fillvalue=0.0))
+            while len(pairs) > 1 and max(pairs[-1]) < 0.005:  # depths only a lookup chain reached, never accepted
+                pairs.pop()
+            depth = " ".join(f"{a:.2f} ({b:.2f})" for a, b in pairs)
+            bound_cells = f"{r['acceptance_bound']:.2f} | {r['bound_ratio']:.2f}"
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['acceptance_length']:.2f} | {bound_cells} | "
+                     f"{depth or '-'} | {_cost_cell(r['round_cost'])} | {r['roofline']['r']:.2f} |")
+    lines.append("")
+    for r in run["results"]:
+        if r.get("compiled"):
+            lines.append(f"{r['method']}: verify forward compiled, {r['compile_s']:.1f} s of compilation.")
+    lines.append("")
+    return lines
+
+
 def plot(report: Dict[str, Any], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -310,7 +429,7 @@ def plot(report: Dict[str, Any], path: str) -> None:
         by_name = {r["method"]: r for r in run["results"]}
         shown = [n for n in names if n in by_name]
         xs = [names.index(n) + i * width for n in shown]
-        label = f"batch {run['batch_size']}"
+        label = f"batch {run['batch_size']}" + (f", T {run['temperature']:g}" if run.get("temperature") else "")
         axes[0].bar(xs, [by_name[n]["speedup"] for n in shown], width, label=label)
         axes[1].bar(xs, [by_name[n]["acceptance_length"] or 0 for n in shown], width, label=label)
     for ax, title in zip(axes, ("speedup vs HF generate", "acceptance length (tokens per target forward)")):

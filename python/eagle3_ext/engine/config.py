@@ -20,6 +20,13 @@ class TreeConfig:
         0 turns lookup off. The chain competes with the draft's candidates for the same
         num_draft_tokens - 1 nodes, ranked by estimated acceptance (see engine/lookup.py).
     lookup_ngram: the longest suffix matched (it tries lookup_ngram tokens down to 1).
+    sampled: when sampling (temperature > 0), draw each draft token from the draft's own
+        distribution (filtered like the target's: temperature, top-k, top-p) instead of taking
+        its top tokens, and verify with the draft's probabilities (p/q rejection sampling,
+        eagle3.tree_speculative_sampling_draft_probs). A flat target accepts far more of a
+        sample of a calibrated draft than of its top token. Needs a chain (topk 1) without
+        lookup: keeping only some of the drawn tokens would bias the sample. Greedy decoding
+        ignores it.
     """
 
     # The defaults are the fastest lossless setting measured on the bundled pair on 2 CPU cores
@@ -29,6 +36,12 @@ class TreeConfig:
     num_draft_tokens: int = 16
     lookup_tokens: int = 10
     lookup_ngram: int = 3
+    sampled: bool = False
+
+    # When sampling, `eagle3 generate` without tree options drafts a sampled chain of this depth:
+    # the fastest of chain 4 / 6 / 8 and the greedy default at T = 0.7 and 1.0 on the bundled
+    # pair (docs/bundled_models.md).
+    SAMPLED_DEPTH = 6
 
     # A draft step is one draft forward, so depth bounds a round's cost; 1024 nodes is what the
     # CUDA tree builder and the CPU windowed attention take.
@@ -50,6 +63,12 @@ class TreeConfig:
             raise ValueError(f"{e}: the root and the drafted candidates, at most 1 + topk + (depth - 1) * topk^2 "
                              f"(+ lookup_tokens) for depth={self.depth}, topk={self.topk}, and never more than "
                              f"{self.MAX_NODES}") from None
+        if not isinstance(self.sampled, bool):
+            raise TypeError(f"TreeConfig.sampled must be a bool, got {self.sampled!r}")
+        if self.sampled and (self.topk != 1 or self.lookup_tokens or self.num_draft_tokens != self.depth + 1):
+            raise ValueError(f"TreeConfig.sampled needs a chain without lookup (topk 1, lookup_tokens 0, "
+                             f"num_draft_tokens depth + 1), got depth={self.depth}, topk={self.topk}, "
+                             f"num_draft_tokens={self.num_draft_tokens}, lookup_tokens={self.lookup_tokens}")
 
     @property
     def draft_candidates(self) -> int:
@@ -57,16 +76,19 @@ class TreeConfig:
         return self.topk + (self.depth - 1) * self.topk * self.topk
 
     @classmethod
-    def chain(cls, depth: int, lookup_tokens: int = 0) -> "TreeConfig":
+    def chain(cls, depth: int, lookup_tokens: int = 0, sampled: bool = False) -> "TreeConfig":
         """A chain of ``depth`` draft tokens; with lookup, room for a lookup chain beside it."""
-        return cls(depth=depth, topk=1, num_draft_tokens=depth + 1 + lookup_tokens, lookup_tokens=lookup_tokens)
+        return cls(depth=depth, topk=1, num_draft_tokens=depth + 1 + lookup_tokens, lookup_tokens=lookup_tokens,
+                   sampled=sampled)
 
     @property
     def name(self) -> str:
-        """A short label: chain5, tree5x4n16, with +lookup10 when lookup is on."""
+        """A short label: chain5, tree5x4n16, with +lookup10 when lookup is on; a sampled chain is
+        chain5-sampled."""
         base = (f"chain{self.depth}" if self.topk == 1 and self.num_draft_tokens == self.depth + 1 + self.lookup_tokens
                 else f"tree{self.depth}x{self.topk}n{self.num_draft_tokens}")
-        return base + (f"+lookup{self.lookup_tokens}" if self.lookup_tokens else "")
+        return base + (f"+lookup{self.lookup_tokens}" if self.lookup_tokens else "") + ("-sampled" if self.sampled
+                                                                                       else "")
 
 
 @dataclass(frozen=True)

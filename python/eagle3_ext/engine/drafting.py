@@ -16,14 +16,14 @@ being the last emitted token, not yet seen by the target):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
 from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
 from ..tree import DraftStep, DraftTree, build_draft_tree, expand_frontier
-from .config import TreeConfig
+from .config import SamplingConfig, TreeConfig, filtered_probs
 
 
 @dataclass
@@ -53,6 +53,33 @@ def _topk(draft: Eagle3DraftModel, logits: torch.Tensor, k: int):
     return p, draft.draft_to_target(ids)
 
 
+class DraftSampler:
+    """Draws each draft token from the draft's distribution, filtered as the target's is, and
+    keeps those distributions by depth: the ``q`` of the draft-probability verifier."""
+
+    def __init__(self, draft: Eagle3DraftModel, sampling: SamplingConfig, rng: torch.Generator):
+        self.draft, self.sampling, self.rng = draft, sampling, rng
+        self.rows: List[torch.Tensor] = []   # per depth, [B, Vd]
+
+    def __call__(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(q of the drawn token, its target id), one draw per row: [B, 1] for logits [B, Vd],
+        [B, 1, 1] for [B, 1, Vd] (the shapes ``_topk`` returns with k = 1)."""
+        q = filtered_probs(logits, self.sampling)
+        ids = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=self.rng).view(*q.shape[:-1], 1)
+        self.rows.append(q.reshape(q.shape[0], -1))
+        return q.gather(-1, ids), self.draft.draft_to_target(ids)
+
+    def draft_probs(self, depths: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[B, N, V]: row j is the distribution node j's child was drawn from (node depths
+        [B, N]; a leaf's row is never read), over the target vocabulary."""
+        by_depth = torch.stack(self.rows, dim=1)                           # [B, depth, Vd]
+        index = depths.clamp(max=len(self.rows) - 1).long()
+        rows = torch.gather(by_depth, 1, index[..., None].expand(*index.shape, by_depth.shape[-1]))
+        out = rows.new_zeros(*index.shape, vocab_size)
+        target_ids = torch.arange(rows.shape[-1], device=rows.device) + self.draft.d2t
+        return out.index_copy_(-1, target_ids, rows)
+
+
 def extend(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs):
     """Commits the pairs; returns (logits [B, Vd], hidden [B, H]) of each request's root pair."""
     out = draft(inputs.tokens, inputs.features, inputs.positions, cache=cache)
@@ -65,16 +92,19 @@ def extend(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs):
 
 
 def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,
-                root_hidden: torch.Tensor, seq_lens: torch.Tensor, tree: TreeConfig) -> List[DraftStep]:
+                root_hidden: torch.Tensor, seq_lens: torch.Tensor, tree: TreeConfig,
+                sampler: Optional[Callable] = None) -> List[DraftStep]:
     """Runs depth - 1 tree steps after ``extend``; returns every step's candidates.
 
     seq_lens [B]: committed lengths (the root's position). The tree tokens stay uncommitted in
-    ``cache``; the caller rolls them back after verifying.
+    ``cache``; the caller rolls them back after verifying. ``sampler`` (a DraftSampler, for a
+    sampled chain) draws the tokens instead of taking the draft's top-k.
     """
     b = root_logits.shape[0]
     k = tree.topk
     device = root_logits.device
-    probs, tokens = _topk(draft, root_logits, k)                       # [B, k]
+    pick = sampler if sampler is not None else (lambda logits: _topk(draft, logits, k))
+    probs, tokens = pick(root_logits)                                   # [B, k]
     frontier_tokens, scores, _, step = expand_frontier(0, probs, tokens, None)
     steps: List[DraftStep] = [step]
     parent_hidden = root_hidden[:, None, :].expand(b, k, root_hidden.shape[-1])
@@ -85,7 +115,7 @@ def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch
         mask = torch.cat([ancestors, eye], dim=-1)                      # [B, k, tree_len + k]
         positions = (seq_lens + depth - 1)[:, None].expand(b, k)
         out = draft(frontier_tokens, parent_hidden, positions, cache=cache, tree_mask=mask)
-        probs, tokens = _topk(draft, out.logits, k)                     # [B, k, k]
+        probs, tokens = pick(out.logits)                                # [B, k, k]
         frontier_tokens, scores, source, step = expand_frontier(depth, probs, tokens, scores)
         steps.append(step)
         gather = source[..., None]

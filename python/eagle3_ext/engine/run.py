@@ -27,6 +27,7 @@ class GenerateRequest:
     lookup_tokens: Optional[int] = None  # 0: hybrid drafting off
     lookup_ngram: Optional[int] = None
     chain: bool = False
+    sampled_draft: bool = False         # a chain of tokens drawn from the draft, p/q-verified (sampling)
     attention: str = "tree"
     seed: int = 0
     baseline: bool = False
@@ -48,6 +49,7 @@ class GenerateRequest:
         integer("seed", self.seed, 0, MAX_SEED)
         choice("attention", self.attention, ("tree", "sdpa"))
         boolean("compile", self.compile)
+        boolean("sampled_draft", self.sampled_draft)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
         self.tree()  # the tree options, checked now rather than after the models load
@@ -56,9 +58,21 @@ class GenerateRequest:
         """The tree asked for; an option left None takes TreeConfig's default (0 is an error, not
         "the default")."""
         default = TreeConfig()
+        untouched = all(v is None for v in (self.depth, self.topk, self.num_draft_tokens, self.lookup_tokens,
+                                            self.lookup_ngram)) and not self.chain
+        if self.temperature > 0 and untouched:  # sampling: the draft's own samples, p/q-verified
+            return TreeConfig.chain(TreeConfig.SAMPLED_DEPTH, sampled=True)
         depth = default.depth if self.depth is None else self.depth
         lookup = default.lookup_tokens if self.lookup_tokens is None else self.lookup_tokens
         ngram = default.lookup_ngram if self.lookup_ngram is None else self.lookup_ngram
+        if self.sampled_draft:
+            depth = TreeConfig.SAMPLED_DEPTH if self.depth is None else self.depth
+            if self.topk not in (None, 1) or self.lookup_tokens not in (None, 0) or \
+                    self.num_draft_tokens not in (None, depth + 1):
+                raise ValueError(f"--sampled-draft drafts a chain of --depth tokens without lookup (topk 1, "
+                                 f"lookup tokens 0, num_draft_tokens {depth + 1}), got --topk {self.topk}, "
+                                 f"--lookup-tokens {self.lookup_tokens}, --num-draft-tokens {self.num_draft_tokens}")
+            return TreeConfig.chain(depth, sampled=True)
         if self.chain:
             if self.topk not in (None, 1):
                 raise ValueError(f"--chain drafts with topk 1, got --topk {self.topk}")
@@ -115,7 +129,8 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     report: Dict[str, Any] = {
         "prompt": prompt, "text": out.text[0], "tokens": out.new_tokens[0], "new_tokens": stats.new_tokens,
         "target_forwards": stats.target_forwards, "acceptance_length": stats.acceptance_length,
-        "depth_acceptance": stats.depth_acceptance, "tokens_per_s": stats.tokens_per_s,
+        "depth_acceptance": stats.depth_acceptance, "acceptance_bound": stats.acceptance_bound,
+        "depth_acceptance_bound": stats.depth_acceptance_bound, "tokens_per_s": stats.tokens_per_s,
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
         "compiled": req.compile, "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
         "lookup_proposed": stats.lookup_proposed, "lookup_accepted": stats.lookup_accepted,
