@@ -113,3 +113,21 @@ def test_llama_cpp_decodes_the_same_tokens_as_hf(bundled_gguf):
         ref, _ = hf_generate(target, tok, [prompt], 48)
         ours, _ = runner.generate(tok(prompt).input_ids, 48)
         assert ours == ref[0]
+
+
+def test_the_conversion_cache_key_follows_the_checkpoint_files(tmp_path):
+    """A bench run reuses the converted GGUF without reading the weights again, and converts
+    anew once a weight or config file changes."""
+    import shutil
+
+    from eagle3_ext.peers.llama_cpp import checkpoint_key
+
+    target = tmp_path / "target"
+    shutil.copytree(BUNDLED_TARGET, target)
+    key = checkpoint_key(str(target))
+    assert checkpoint_key(str(target)) == key
+    config = target / "config.json"
+    stat = config.stat()
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert checkpoint_key(str(target)) != key
+    assert checkpoint_key(BUNDLED_TARGET) != checkpoint_key(str(target))  # another directory

@@ -35,18 +35,27 @@ def missing_reason(target_dir: str) -> Optional[str]:
     return None
 
 
-def gguf_path(target_dir: str, cache_dir: Optional[str] = None) -> str:
-    """The target as GGUF, converted once per checkpoint content and kept in ``cache_dir``."""
-    from .gguf_export import export_gguf
-
-    digest = hashlib.sha256()
+def checkpoint_key(target_dir: str) -> str:
+    """16 hex digits naming a checkpoint: its directory and its weight and config files' names,
+    sizes and modification times."""
+    digest = hashlib.sha256(os.path.realpath(target_dir).encode())
     for name in sorted(os.listdir(target_dir)):
         if name.endswith((".safetensors", ".json")):
-            with open(os.path.join(target_dir, name), "rb") as f:
-                digest.update(name.encode() + f.read())
+            st = os.stat(os.path.join(target_dir, name))
+            digest.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def gguf_path(target_dir: str, cache_dir: Optional[str] = None) -> str:
+    """The target as GGUF, converted once per checkpoint and kept in ``cache_dir``. The key is
+    the directory and each weight / config file's name, size and modification time, not its
+    content: reading a large target's weights again on every bench run would cost more than the
+    conversion saves."""
+    from .gguf_export import export_gguf
+
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "eagle3_gguf")
     os.makedirs(cache_dir, exist_ok=True)
-    path = os.path.join(cache_dir, f"{digest.hexdigest()[:16]}-f32.gguf")
+    path = os.path.join(cache_dir, f"{checkpoint_key(target_dir)}-f32.gguf")
     if not os.path.exists(path):
         partial = f"{path}.{os.getpid()}.partial"
         export_gguf(target_dir, partial)
