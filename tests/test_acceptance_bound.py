@@ -287,16 +287,18 @@ def test_bench_reports_the_bound_per_temperature(tiny_pair, capsys):
     out = tiny_pair / "out"
     rc = cli_main(["bench", "--target", str(tiny_pair / "target"), "--draft", str(tiny_pair / "draft"), "--prompts",
                    str(tiny_pair / "prompts.jsonl"), "--max-new-tokens", "12", "--batch-sizes", "1",
-                   "--tree", "3,1,4", "3,2,6", "--temperature", "0", "0.7", "--top-p", "0.95", "--top-k", "20",
+                   "--tree", "3,1,4", "3,2,6", "3,1,4,sampled", "--temperature", "0", "0.7", "--top-p", "0.95",
+                   "--top-k", "20",
                    "--no-compiled-baseline", "--no-llama-cpp", "--out", str(out), "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     greedy, sampled = report["runs"]
     assert greedy["temperature"] == 0.0 and all(r["identical"] for r in greedy["results"])  # greedy as before
     assert "acceptance_bound" not in greedy["results"][-1]
+    assert "chain3-sampled" not in [r["method"] for r in greedy["results"]]  # a sampling configuration only
     assert (sampled["batch_size"], sampled["temperature"], sampled["top_p"], sampled["top_k"]) == (1, 0.7, 0.95, 20)
     methods = [r["method"] for r in sampled["results"]]
-    assert methods == ["hf_generate", "chain3", "tree3x2n6"]  # no greedy-only peers
+    assert methods == ["hf_generate", "chain3", "tree3x2n6", "chain3-sampled"]  # no greedy-only peers
     for r in sampled["results"][1:]:
         assert r["identical"] is None and "divergences" not in r  # sampling is not token-identical
         assert r["tokens_per_s"] > 0 and r["speedup"] > 0

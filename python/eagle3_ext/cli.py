@@ -331,7 +331,7 @@ def _parse_trees(specs):
 
 
 def _run_bench(args) -> int:
-    from .engine.bench import BenchConfig, run_bench, run_sweep, sweep_configs
+    from .engine.bench import SAMPLED_DEFAULT, BenchConfig, run_bench, run_sweep, sweep_configs
     from .prompts import load_prompts
 
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
@@ -344,6 +344,8 @@ def _run_bench(args) -> int:
         cfg.configs = _parse_trees(args.tree)
     elif args.sweep:
         cfg.configs = sweep_configs()
+    elif any(t > 0 for t in args.temperature):
+        cfg.configs[SAMPLED_DEFAULT.name] = SAMPLED_DEFAULT
     report = run_sweep(cfg, progress=not args.json) if args.sweep else run_bench(cfg, progress=not args.json)
     if args.json:
         print(json.dumps(report))

@@ -39,6 +39,8 @@ from .stats import GenerationStats
 
 DEFAULT_CONFIGS = {c.name: c for c in (TreeConfig.chain(5), TreeConfig(5, 4, 16, lookup_tokens=0),
                                         TreeConfig.chain(5, lookup_tokens=10), TreeConfig())}
+# With a temperature the defaults also run what `eagle3 generate` drafts when sampling.
+SAMPLED_DEFAULT = TreeConfig.chain(TreeConfig.SAMPLED_DEPTH, sampled=True)
 SWEEP_DEPTHS = (2, 3, 4, 5, 6, 8)
 SWEEP_TOPKS = (1, 2, 4, 8)
 SWEEP_NODES = (4, 8, 16, 32, 64)
@@ -184,6 +186,8 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str,
         rows.update(_peer_rows(cfg, target_dir, target, tok, groups, base_outputs, base_tokens / base_time,
                                left_out, progress))
     for name, gen in gens.items():
+        if gen.tree.sampled:  # a sampling configuration: greedy, it would be the plain chain again
+            continue
         # Warm-up; compiled, over the first group at full length so that every tree size compiles
         # here (what still compiles in the timed calls is in its time and in compile_s).
         compiled = gen.compiled is not None
