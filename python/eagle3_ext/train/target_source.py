@@ -17,7 +17,7 @@ from ..draft.aux_layers import target_dims
 from ..engine.capture import AuxHiddenCapture
 from ..engine.loading import check_context, load_target, load_tokenizer
 from .data import Example, collate, load_examples
-from .ttt import TargetView
+from .ttt import TargetView, target_pass
 from .vocab import build_vocab_mapping
 
 
@@ -115,7 +115,5 @@ class OnlineTarget:
     def batch(self, examples: Sequence[Example], device) -> tuple:
         """(input_ids, loss_mask, valid, aux states fp32, TargetView) of a right-padded batch."""
         ids, loss_mask, valid = (t.to(device) for t in collate(examples, self.pad_id))
-        with torch.no_grad():
-            logits = self.model(input_ids=ids, attention_mask=valid.long()).logits
-            aux = [a.float() for a in self.capture.take()]
+        logits, aux = target_pass(self.model, self.capture, ids, valid, torch.float32)
         return ids, loss_mask, valid, aux, TargetView.from_logits(full_tensor(logits), self.d2t)
