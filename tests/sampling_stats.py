@@ -45,10 +45,10 @@ def exact_joint(target, prompt, length, temperature, processor=None):
     return probs
 
 
-def sample_joint(target, draft, prompt, length, temperature, trials, batch=2500, seed=0, tree=None,
+def sample_joint(target, draft, prompt, length, temperature, trials, batch=2500, seed=0, tree=None, compile=False,
                  **generate_kwargs):
     tree = TreeConfig(depth=3, topk=2, num_draft_tokens=6) if tree is None else tree
-    gen = SpeculativeGenerator(target, draft, tree, attention="sdpa")
+    gen = SpeculativeGenerator(target, draft, tree, attention="tree" if compile else "sdpa", compile=compile)
     counts = {}
     for i in range(trials // batch):
         out = gen.generate([prompt] * batch, max_new_tokens=length, do_sample=True, temperature=temperature,

@@ -50,6 +50,34 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     assert again.stats.compile_time_s == 0  # the same shapes: nothing compiled a second time
 
 
+def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch):
+    """Four requests, one finishing first: the three left run as four rows, one a mirror of a
+    running request whose tokens are dropped; outputs stay identical to plain greedy decoding."""
+    from eagle3_ext.engine.batch import Batch
+
+    target, tok, draft = pair
+    prompts = PROMPTS + ["return value key item value"]
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    stop = hf_generate(target, tok, prompts[:1], 24, stop_at_eos=False)[0][0][3]
+    expected = hf_generate(target, tok, prompts, 24, eos_token_id=stop)[0]
+    sizes = []
+    drop = Batch._drop_finished
+
+    def spy(self):
+        drop(self)
+        sizes.append((len(self.active), sum(self.mirror)))
+
+    monkeypatch.setattr(Batch, "_drop_finished", spy)
+    out = gen.generate(prompts, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
+    assert out.new_tokens == expected
+    assert {size for size, _ in sizes} <= {4, 2, 1}
+    assert any(mirrors for _, mirrors in sizes), sizes
+    # Mirrors are not counted: the same rounds and accepted tokens as the eager generator's.
+    eager = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok)
+    want = eager.generate(prompts, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True).stats
+    assert (out.stats.request_rounds, out.stats.accepted_drafts) == (want.request_rounds, want.accepted_drafts)
+
+
 def test_compile_is_checked(pair):
     target, tok, draft = pair
     with pytest.raises(TypeError, match="compile must be True or False, got 'yes'"):

@@ -184,6 +184,28 @@ def test_sampled_draft_matches_target_distribution(small_vocab_pair, monkeypatch
     assert stat > chi_square_bound(dof), f"biased sampler passed: chi-square {stat:.1f} with {dof} dof"
 
 
+@pytest.mark.slow
+def test_compiled_sampled_draft_matches_target_distribution(small_vocab_pair, monkeypatch):
+    """The same through the compiled draft loop and verify (compile=True). Two tokens: the
+    prefill's, then one round, which every request of the batch of 2500 finishes, so the graphs
+    compile for one batch size; the chain's depths beyond the first are covered eagerly above
+    and by tests/test_compiled_draft.py (compiled draws equal eager ones)."""
+    target, draft = small_vocab_pair
+    prompt, length, temperature, trials = [1, 5, 2], 2, 0.8, 10000
+    chain = TreeConfig.chain(3, sampled=True)
+    probs = exact_joint(target, prompt, length, temperature)
+    counts = sample_joint(target, draft, prompt, length, temperature, trials, tree=chain, compile=True)
+    stat, dof = chi_square(counts, probs, trials)
+    assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
+
+    from eagle3_ext import tree
+    monkeypatch.setattr(batch_module, "verify_sampling_draft_probs",
+                        lambda t, p, q, generator: tree.verify_sampling_draft_probs(t, p, p, generator=generator))
+    stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials, tree=chain, compile=True),
+                           probs, trials)
+    assert stat > chi_square_bound(dof), f"biased sampler passed: chi-square {stat:.1f} with {dof} dof"
+
+
 def test_sampled_draft_needs_a_chain():
     with pytest.raises(ValueError, match="TreeConfig.sampled needs a chain without lookup"):
         TreeConfig(depth=3, topk=2, num_draft_tokens=6, lookup_tokens=0, sampled=True)

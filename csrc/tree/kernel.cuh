@@ -241,6 +241,47 @@ __device__ __forceinline__ float block_sum(float v, float* warp_sums, float* tot
   return result;
 }
 
+// One chunk of an inverse-CDF draw over a block: v holds this thread's VEC values of the chunk,
+// starting at index `start`; `running` is the mass before the chunk (advanced past it). Records
+// in shared memory the first index whose inclusive CDF passes u (atomicMin into first_hit) and
+// the last index with mass (atomicMax into last_valid, the fallback when rounding keeps the CDF
+// below u). Returns, on every thread alike, whether the CDF has passed u.
+template <int VEC>
+__device__ __forceinline__ bool scan_chunk_for_coin(const float (&v)[VEC], int64_t start, float u, float& running,
+                                                    float* warp_sums, int* first_hit, int* last_valid) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  float inclusive[VEC];
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) inclusive[k] = (acc += v[k]);
+  float scan = acc;  // warp inclusive scan of the per-thread sums
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, scan, offset);
+    if (lane >= offset) scan += other;
+  }
+  if (lane == kWarpSize - 1) warp_sums[warp] = scan;
+  __syncthreads();
+  float before = running;
+  for (int w = 0; w < warp; ++w) before += warp_sums[w];
+  float chunk_total = 0.f;
+  for (int w = 0; w < kSamplingWarps; ++w) chunk_total += warp_sums[w];
+  before += scan - acc;
+  int hit = INT_MAX, valid = -1;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    if (v[k] > 0.f) {
+      valid = static_cast<int>(start + k);
+      if (hit == INT_MAX && before + inclusive[k] > u) hit = static_cast<int>(start + k);
+    }
+  }
+  if (hit != INT_MAX) atomicMin(first_hit, hit);
+  if (valid >= 0) atomicMax(last_valid, valid);
+  running += chunk_total;
+  __syncthreads();
+  return *first_hit != INT_MAX;
+}
+
 template <int VEC, bool DETERMINISTIC>
 __global__ void __launch_bounds__(kSamplingThreads) tree_sampling_kernel(SamplingParams p) {
   __shared__ int64_t last_global, final_row;
@@ -251,7 +292,7 @@ __global__ void __launch_bounds__(kSamplingThreads) tree_sampling_kernel(Samplin
   __shared__ int first_hit;
   __shared__ int last_valid;
   const int64_t b = blockIdx.x, n = p.batch.n, vocab = p.vocab;
-  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int tid = threadIdx.x;
   const float* q_rows = p.target + b * n * vocab;
   float* p_rows = p.draft + b * n * vocab;
 
@@ -295,37 +336,7 @@ __global__ void __launch_bounds__(kSamplingThreads) tree_sampling_kernel(Samplin
     const int64_t start = base + tid * VEC;
     float v[VEC];
     load_residual<VEC>(q, d, start, vocab, v);
-    float inclusive[VEC];
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) inclusive[k] = (acc += v[k]);
-    // Warp inclusive scan of the per-thread sums.
-    float scan = acc;
-#pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, scan, offset);
-      if (lane >= offset) scan += other;
-    }
-    if (lane == kWarpSize - 1) warp_sums[warp] = scan;
-    __syncthreads();
-    float before = running;
-    for (int w = 0; w < warp; ++w) before += warp_sums[w];
-    float chunk_total = 0.f;
-    for (int w = 0; w < kSamplingWarps; ++w) chunk_total += warp_sums[w];
-    before += scan - acc;
-    int hit = INT_MAX, valid = -1;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      if (v[k] > 0.f) {
-        valid = static_cast<int>(start + k);
-        if (hit == INT_MAX && before + inclusive[k] > u) hit = static_cast<int>(start + k);
-      }
-    }
-    if (hit != INT_MAX) atomicMin(&first_hit, hit);
-    if (valid >= 0) atomicMax(&last_valid, valid);
-    running += chunk_total;
-    __syncthreads();
-    if (first_hit != INT_MAX) break;  // early exit: the CDF passed the coin
+    if (scan_chunk_for_coin<VEC>(v, start, u, running, warp_sums, &first_hit, &last_valid)) break;
   }
   if (tid == 0) {
     const int64_t sampled = first_hit != INT_MAX ? first_hit : (last_valid >= 0 ? last_valid : vocab - 1);
@@ -394,7 +405,7 @@ __device__ __forceinline__ int64_t block_sample_draft_residual(const float* p, c
                                                                float* warp_sums, int* first_hit,
                                                                int* last_valid) {
   constexpr int64_t kChunk = static_cast<int64_t>(kSamplingThreads) * VEC;
-  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int tid = threadIdx.x;
   if (tid == 0) {
     *first_hit = INT_MAX;
     *last_valid = -1;
@@ -405,36 +416,7 @@ __device__ __forceinline__ int64_t block_sample_draft_residual(const float* p, c
     const int64_t start = base + tid * VEC;
     float v[VEC];
     load_draft_residual<VEC>(p, q, c, start, vocab, v);
-    float inclusive[VEC];
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) inclusive[k] = (acc += v[k]);
-    float scan = acc;  // warp inclusive scan of the per-thread sums
-#pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, scan, offset);
-      if (lane >= offset) scan += other;
-    }
-    if (lane == kWarpSize - 1) warp_sums[warp] = scan;
-    __syncthreads();
-    float before = running;
-    for (int w = 0; w < warp; ++w) before += warp_sums[w];
-    float chunk_total = 0.f;
-    for (int w = 0; w < kSamplingWarps; ++w) chunk_total += warp_sums[w];
-    before += scan - acc;
-    int hit = INT_MAX, valid = -1;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      if (v[k] > 0.f) {
-        valid = static_cast<int>(start + k);
-        if (hit == INT_MAX && before + inclusive[k] > u) hit = static_cast<int>(start + k);
-      }
-    }
-    if (hit != INT_MAX) atomicMin(first_hit, hit);
-    if (valid >= 0) atomicMax(last_valid, valid);
-    running += chunk_total;
-    __syncthreads();
-    if (*first_hit != INT_MAX) break;  // early exit: the CDF passed u
+    if (scan_chunk_for_coin<VEC>(v, start, u, running, warp_sums, first_hit, last_valid)) break;
   }
   const int64_t sampled = *first_hit != INT_MAX ? *first_hit : (*last_valid >= 0 ? *last_valid : vocab - 1);
   __syncthreads();  // every thread has read first_hit / last_valid before they are reused

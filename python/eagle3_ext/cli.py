@@ -157,7 +157,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--no-strict-capture", action="store_true",
                    help="warn instead of failing when the captured states do not match the draft's fingerprint")
     p.add_argument("--compile", action="store_true",
-                   help="run the verify forward as one torch.compile graph over a static cache (compiles first)")
+                   help="run the verify forward and the draft loop as torch.compile graphs over static caches "
+                        "(compiles first)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -305,7 +306,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--no-compiled-baseline", action="store_true",
                    help="leave out HF generate with a static cache and torch.compile (it compiles first)")
     p.add_argument("--compile", action="store_true",
-                   help="also run every configuration with its verify forward compiled, as NAME+compiled")
+                   help="also run every configuration with its verify forward and draft loop compiled, "
+                        "as NAME+compiled")
     p.add_argument("--no-llama-cpp", action="store_true",
                    help="leave out llama.cpp's greedy decoding (run when llama-cpp-python and gguf are installed)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")

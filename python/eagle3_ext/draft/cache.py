@@ -35,11 +35,15 @@ class DraftKVCache:
     def batch_size(self) -> int:
         return self.keys[0].shape[0]
 
-    def slots(self, count: int) -> torch.Tensor:
-        """Positions [B, count] where the next ``count`` tokens of each request go."""
+    def check_room(self, count: int) -> None:
+        """Raises unless every request has room for ``count`` more tokens (a host sync)."""
         needed = int(self.prefix_lens.max()) + self.tree_len + count
         if needed > self.capacity:
             raise ValueError(f"DraftKVCache: {needed} tokens needed but the capacity is {self.capacity}")
+
+    def slots(self, count: int) -> torch.Tensor:
+        """Positions [B, count] where the next ``count`` tokens of each request go (unchecked:
+        ``check_room`` first)."""
         start = self.prefix_lens + self.tree_len
         return start[:, None] + torch.arange(count, device=start.device)
 

@@ -290,7 +290,8 @@ class Eagle3DraftModel(nn.Module):
                             self.config.head_dim, dtype or w.dtype, device or w.device)
 
     def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, position_ids: torch.Tensor,
-                cache: Optional[DraftKVCache] = None, tree_mask: Optional[torch.Tensor] = None) -> Eagle3DraftOutput:
+                cache: Optional[DraftKVCache] = None, tree_mask: Optional[torch.Tensor] = None,
+                output_index: Optional[torch.Tensor] = None) -> Eagle3DraftOutput:
         """One draft forward over n new tokens per request.
 
         Args:
@@ -302,6 +303,9 @@ class Eagle3DraftModel(nn.Module):
                 None runs over these tokens alone.
             tree_mask: [B, n, t] bool, t = cache.tree_len + n: which uncommitted tokens each new
                 token sees (ancestors and itself). None means causal.
+            output_index: [B] int64: return the logits and hidden state of token
+                ``output_index[b]`` of each request only ([B, 1, ...]); the lm_head then reads one
+                row a request instead of n (all n tokens still reach the cache).
         """
         b, n = input_ids.shape
         if hidden_states.shape[:2] != (b, n) or hidden_states.shape[-1] != self.config.hidden_size:
@@ -318,6 +322,8 @@ class Eagle3DraftModel(nn.Module):
         elif tree_mask.dtype != torch.bool or tree_mask.shape != (b, n, total):
             raise ValueError(f"tree_mask must be bool [{b}, {n}, {total}] (cache.tree_len + n), got "
                              f"{tree_mask.dtype} {list(tree_mask.shape)}")
+        if not torch.compiler.is_compiling():  # a compiled draft loop checks the room of all its steps first
+            cache.check_room(n)
         slots = cache.slots(n)
 
         def cached_attend(layer: int) -> Attend:
@@ -329,6 +335,8 @@ class Eagle3DraftModel(nn.Module):
 
         hidden = self.run_layers(input_ids, hidden_states, position_ids, cached_attend)
         cache.tree_len += n
+        if output_index is not None:
+            hidden = torch.gather(hidden, 1, output_index.view(b, 1, 1).expand(b, 1, hidden.shape[-1]))
         logits, hidden = self.head(hidden)
         return Eagle3DraftOutput(logits=logits, hidden=hidden)
 

@@ -7,7 +7,8 @@ grafted on) -> verify (``TargetRunner.verify``, the
 logits processors at every node, ``tree.verify_greedy`` / ``verify_sampling``; sampling also
 measures the round's ``acceptance_bound``) -> accept ->
 compact (``TargetRunner.commit`` and the draft cache's ``keep``). Finished requests leave the
-batch; the rest keep their rows, ``active[row]`` naming the request of each row.
+batch; the rest keep their rows, ``active[row]`` naming the request of each row (compiled rounds
+shrink the batch to powers of two only, filling the rows left over with ``mirror`` copies).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import torch
 from ..tree import DraftTree, graft_chains, verify_greedy, verify_sampling, verify_sampling_draft_probs
 from .acceptance_bound import acceptance_bound
 from .config import filtered_probs
-from .drafting import (DraftInputs, DraftSampler, build_tree, candidate_scores, draft_cache_capacity, draft_steps,
-                       extend)
+from .drafting import DraftInputs, DraftSampler, build_tree, candidate_scores, draft_steps, extend
 from .lookup import NgramLookup, draft_nodes_to_keep
 from .processors import process_next, process_tree
 from .settings import GenerateSettings
@@ -58,6 +58,9 @@ class Batch:
         self.requests = [Request(p, StopRule(settings.new_tokens_for(len(p)), settings.eos_token_ids,
                                              settings.stop_strings, settings.tokenizer)) for p in prompts]
         self.active = list(range(len(prompts)))
+        # Compiled rounds shrink the batch to powers of two only: rows left over hold copies of
+        # running requests (mirrors), whose outputs are dropped (see _drop_finished).
+        self.mirror = [False] * len(prompts)
         tree = generator.tree
         if tree.lookup_tokens:
             for r in self.requests:
@@ -106,9 +109,8 @@ class Batch:
             features=torch.gather(features, 1, cols[..., None].expand(b, longest, features.shape[-1])),
             tokens=torch.gather(next_tokens, 1, cols),
             positions=torch.arange(longest, device=self.device).expand(b, longest), counts=lengths)
-        tree = self.gen.tree
         most_new = max(r.rule.limit for r in self.requests)
-        self.dcache = self.gen.draft.new_cache(b, draft_cache_capacity(tree, longest, most_new), device=self.device)
+        self.dcache = self.gen.draft.new_cache(b, self.gen.draft_cache_slots(longest, most_new), device=self.device)
         self.roots = roots
         for i, token in enumerate(roots.tolist()):
             self.emit(i, [int(token)])
@@ -118,12 +120,16 @@ class Batch:
         self._drop_finished()
         gen, stats, nb = self.gen, self.stats, len(self.active)
         t0 = time.perf_counter()
-        root_logits, root_hidden = extend(gen.draft, self.dcache, self.inputs)
+        compiled = gen.compiled_draft
+        if compiled is not None:
+            root_logits, root_hidden = compiled.extend(gen.draft, self.dcache, self.inputs, gen.tree)
+        else:
+            root_logits, root_hidden = extend(gen.draft, self.dcache, self.inputs)
         sampler = None
         if gen.tree.sampled and not self.settings.sampling.greedy:
-            sampler = DraftSampler(gen.draft, self.settings.sampling, self.rng)
-        steps = draft_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree,
-                            sampler)
+            sampler = DraftSampler(gen.draft, self.settings.sampling, self.rng, nb, gen.tree.depth)
+        run_steps = compiled.steps if compiled is not None else draft_steps
+        steps = run_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree, sampler)
         self.dcache.rollback()
         t1 = time.perf_counter()
         tree, placed = self._tree(steps)
@@ -146,17 +152,23 @@ class Batch:
             t4 = time.perf_counter()
             # What exact lossless verification keeps in expectation of this tree's tokens taken as
             # fixed: the target-only verifier's figure (a sampled chain's p/q verifier keeps more).
-            stats.add_bound(acceptance_bound(tree, probs).per_depth.sum(0).tolist(), nb)
+            real = [row for row in range(nb) if not self.mirror[row]]
+            stats.add_bound(acceptance_bound(tree, probs).per_depth[real].sum(0).tolist(), len(real))
             t5 = time.perf_counter()
         rows = torch.arange(nb, device=self.device)[:, None]
         accept_local = torch.where(result.accept_index >= 0, result.accept_index - rows * n, -1).long()
         counts = result.accept_length.long() + 1
+        if any(self.mirror):  # a mirror commits one token a round, never outgrowing the row it copies
+            counts = torch.where(torch.tensor(self.mirror, device=self.device), 1, counts)
         self.runner.commit(accept_local, counts)
         m = int(counts.max())
         picked = accept_local[:, :m].clamp(min=0)
         node_features = [torch.gather(a, 1, picked[..., None].expand(nb, m, a.shape[-1])) for a in vout.aux_hidden]
         tokens = torch.zeros(nb, m, dtype=torch.long, device=self.device)
         for row, accepted in enumerate(result.accepted_tokens):
+            if self.mirror[row]:
+                tokens[row, 0] = accepted[0]
+                continue
             tokens[row, :len(accepted)] = torch.tensor(accepted, device=self.device)
             stats.request_rounds += 1
             stats.accepted_drafts += len(accepted) - 1
@@ -235,9 +247,19 @@ class Batch:
                             [len(r.new) for r in requests], s.eos_token_ids)
 
     def _drop_finished(self) -> None:
-        keep = [row for row, i in enumerate(self.active) if not self.requests[i].finished]
-        if len(keep) == len(self.active):
+        """Finished requests leave the batch. With compiled rounds the batch only shrinks to a
+        power of two, so that a call needs graphs for a few batch sizes, not for every one: the
+        rows left over are filled with mirrors of running requests, copies whose tokens are
+        neither emitted nor counted (a mirror costs a row's arithmetic, so it is not kept at
+        full size)."""
+        if not any(self.requests[i].finished for i in self.active):
             return
+        keep = [row for row, i in enumerate(self.active) if not self.requests[i].finished and not self.mirror[row]]
+        self.mirror = [False] * len(keep)
+        if self.gen.compiled_draft is not None and keep:
+            pad = min(len(self.active), 1 << (len(keep) - 1).bit_length()) - len(keep)
+            keep = keep + [keep[j % len(keep)] for j in range(pad)]
+            self.mirror += [True] * pad
         rows = torch.tensor(keep, device=self.device)
         self.runner.select_rows(rows)
         self.dcache.select_rows(rows)

@@ -59,7 +59,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     compiled_baseline: bool = True            # HF generate with a static cache and torch.compile (batch 1)
     llama_cpp: bool = True                    # llama.cpp's greedy decoding when llama-cpp-python is installed
-    compile: bool = False                     # also every configuration with its verify forward compiled
+    compile: bool = False                     # also every configuration compiled (verify forward, draft loop)
     out: str = "bench-results/e2e"
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
@@ -123,7 +123,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
     target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype, cfg.draft_dtype)
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
-    if cfg.compile:  # beside each configuration, the same with its verify forward compiled
+    if cfg.compile:  # beside each configuration, the same with its verify forward and draft loop compiled
         gens.update({f"{name}+compiled": SpeculativeGenerator(target, draft, tree, tokenizer=tok, compile=True)
                      for name, tree in cfg.configs.items()})
     for gen in gens.values():  # every call of the run, checked before the first one runs
@@ -188,16 +188,12 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str,
     for name, gen in gens.items():
         if gen.tree.sampled:  # a sampling configuration: greedy, it would be the plain chain again
             continue
-        # Warm-up; compiled, over the first group at full length so that every tree size compiles
-        # here (what still compiles in the timed calls is in its time and in compile_s).
-        compiled = gen.compiled is not None
-        warm = gen.generate(groups[0], max_new_tokens=cfg.max_new_tokens if compiled else 4,
-                            return_dict_in_generate=True)
+        warm = _warm_up(gen, groups[0], cfg.max_new_tokens)
         results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, return_dict_in_generate=True)
                    for group in groups]
         s = GenerationStats.combine([r.stats for r in results])
         outputs = [t for r in results for t in r.new_tokens]
-        rows[name] = {**_config_row(name, gen, s, warm.stats, base_tokens / base_time, decode_step_s, target,
+        rows[name] = {**_config_row(name, gen, s, warm, base_tokens / base_time, decode_step_s, target,
                                     rates, bs),
                       **_compare(target, tok, prompts, outputs, base_outputs)}
         if progress:
@@ -226,13 +222,11 @@ def _bench_sampled(cfg: BenchConfig, bs: int, temperature: float, prompts: List[
         "method": "hf_generate", "tokens_per_s": base_tokens / base_time, "speedup": 1.0, "acceptance_length": 1.0,
         "identical": None}}
     for name, gen in gens.items():
-        compiled = gen.compiled is not None
-        warm = gen.generate(groups[0], max_new_tokens=cfg.max_new_tokens if compiled else 4, seed=0,
-                            return_dict_in_generate=True, **sample)
+        warm = _warm_up(gen, groups[0], cfg.max_new_tokens, seed=0, **sample)
         results = [gen.generate(group, max_new_tokens=cfg.max_new_tokens, seed=seed, return_dict_in_generate=True,
                                 **sample) for seed, group in enumerate(groups)]
         s = GenerationStats.combine([r.stats for r in results])
-        row = _config_row(name, gen, s, warm.stats, base_tokens / base_time, decode_step_s, target, rates, bs)
+        row = _config_row(name, gen, s, warm, base_tokens / base_time, decode_step_s, target, rates, bs)
         row.update(acceptance_bound=s.acceptance_bound, bound_ratio=s.bound_ratio,
                    depth_acceptance_bound=s.depth_acceptance_bound, identical=None)
         rows[name] = row
@@ -243,6 +237,19 @@ def _bench_sampled(cfg: BenchConfig, bs: int, temperature: float, prompts: List[
                   file=sys.stderr, flush=True)
     return {"batch_size": bs, "temperature": temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
             "results": list(rows.values())}
+
+
+def _warm_up(gen, group: List[str], max_new_tokens: int, **kwargs) -> GenerationStats:
+    """A configuration's warm-up. Compiled: the first group at full length, then its first 2^i
+    prompts for every smaller power of two (the batch sizes a compiled batch shrinks through), so
+    that every graph compiles here; what still compiles in the timed calls is in their time and
+    in compile_s."""
+    compiled = gen.compiled is not None
+    sizes = [len(group)]
+    if compiled:
+        sizes += [1 << i for i in reversed(range(len(group).bit_length())) if 1 << i < len(group)]
+    return GenerationStats.combine([gen.generate(group[:n], max_new_tokens=max_new_tokens if compiled else 4,
+                                                 return_dict_in_generate=True, **kwargs).stats for n in sizes])
 
 
 def _config_row(name: str, gen, s: GenerationStats, warm: GenerationStats, base_rate: float, decode_step_s: float,
@@ -372,8 +379,8 @@ def markdown(report: Dict[str, Any]) -> str:
                 lines.append(f"{r['method']}: compiled in {r['compile_s']:.1f} s (not in its time), "
                              f"{r['recompiles']} recompilations while timed, static cache length {r['cache_length']}.")
             elif r.get("compiled"):
-                lines.append(f"{r['method']}: verify forward compiled, {r['compile_s']:.1f} s of compilation "
-                             "(warm-up and timed calls; what fell in the timed calls is in its time).")
+                lines.append(f"{r['method']}: verify forward and draft loop compiled, {r['compile_s']:.1f} s of "
+                             "compilation (warm-up and timed calls; what fell in the timed calls is in its time).")
             if "convert_s" in r:
                 lines.append(f"{r['method']}: the target as f32 GGUF ({r['convert_s']:.1f} s to convert or find), "
                              f"{r['threads']} threads.")
@@ -408,7 +415,8 @@ def _sampled_markdown(run: Dict[str, Any]) -> List[str]:
     lines.append("")
     for r in run["results"]:
         if r.get("compiled"):
-            lines.append(f"{r['method']}: verify forward compiled, {r['compile_s']:.1f} s of compilation.")
+            lines.append(f"{r['method']}: verify forward and draft loop compiled, {r['compile_s']:.1f} s of "
+                         "compilation.")
     lines.append("")
     return lines
 

@@ -24,13 +24,21 @@ from typing import List
 import torch
 
 CAPACITY_MULTIPLE = 512
+# Graphs one compiled function may keep: a batch that shrinks as requests finish passes through
+# every batch size, each with a few tree sizes (dynamo's default of 8 would fall back to eager).
+RECOMPILE_LIMIT = 64
+
+
+def round_capacity(need: int) -> int:
+    """``need`` rounded up to a multiple of CAPACITY_MULTIPLE, so that calls of similar length
+    share a graph."""
+    return -(-need // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
 
 
 def static_capacity(longest_prompt: int, most_new: int, tree_nodes: int) -> int:
     """Cache slots for a call: the prompt, every new token, a round's tree appended at the end
     (plus a round's overshoot of the limit), rounded up so that calls share a graph."""
-    need = longest_prompt + most_new + 2 * tree_nodes + 8
-    return -(-need // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
+    return round_capacity(longest_prompt + most_new + 2 * tree_nodes + 8)
 
 
 def node_buckets(num_draft_tokens: int, lookup_tokens: int) -> List[int]:
@@ -41,15 +49,31 @@ def node_buckets(num_draft_tokens: int, lookup_tokens: int) -> List[int]:
     return sorted({low, (low + num_draft_tokens + 1) // 2, num_draft_tokens})
 
 
-class CompiledVerify:
-    """The target's tree forward, compiled once per shape; ``compile_s`` is the time the calls
-    that compiled took (the first call of each shape)."""
+class ShapeClock:
+    """Runs compiled functions and times the calls that compiled: ``compile_s`` is the time the
+    first call of each shape took."""
 
-    def __init__(self, model):
-        self.model = model
-        self._fn = torch.compile(self._tree_forward, dynamic=False)
+    def __init__(self):
         self._shapes = set()
         self.compile_s = 0.0
+
+    def call(self, shape, fn, *args):
+        started = time.perf_counter()
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            out = fn(*args)
+        if shape not in self._shapes:
+            self._shapes.add(shape)
+            self.compile_s += time.perf_counter() - started
+        return out
+
+
+class CompiledVerify(ShapeClock):
+    """The target's tree forward, compiled once per shape."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self._fn = torch.compile(self._tree_forward, dynamic=False)
 
     def _tree_forward(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start):
         out = self.model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
@@ -63,9 +87,4 @@ class CompiledVerify:
 
     def __call__(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start) -> torch.Tensor:
         shape = (tuple(input_ids.shape), cache.layers[0].max_cache_len)
-        started = time.perf_counter()
-        logits = self._fn(cache, input_ids, position_ids, tree_mask, cache_lens, tree_start)
-        if shape not in self._shapes:
-            self._shapes.add(shape)
-            self.compile_s += time.perf_counter() - started
-        return logits
+        return self.call(shape, self._fn, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start)

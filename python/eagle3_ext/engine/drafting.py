@@ -55,17 +55,26 @@ def _topk(draft: Eagle3DraftModel, logits: torch.Tensor, k: int):
 
 class DraftSampler:
     """Draws each draft token from the draft's distribution, filtered as the target's is, and
-    keeps those distributions by depth: the ``q`` of the draft-probability verifier."""
+    keeps those distributions by depth: the ``q`` of the draft-probability verifier.
 
-    def __init__(self, draft: Eagle3DraftModel, sampling: SamplingConfig, rng: torch.Generator):
-        self.draft, self.sampling, self.rng = draft, sampling, rng
+    The round's randomness is drawn up front (``noise``: one uniform per depth, request and
+    draft-vocabulary entry), and a token is the argmax of q / -log(u), an exact draw from q
+    (the exponential race); so the draft loop takes no generator and compiles into one graph."""
+
+    def __init__(self, draft: Eagle3DraftModel, sampling: SamplingConfig, rng: torch.Generator,
+                 batch_size: int, depth: int):
+        self.draft, self.sampling = draft, sampling
+        vocab = draft.config.draft_vocab_size
+        self.noise = torch.rand(depth, batch_size, vocab, generator=rng, device=rng.device)
         self.rows: List[torch.Tensor] = []   # per depth, [B, Vd]
 
     def __call__(self, logits: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(q of the drawn token, its target id), one draw per row: [B, 1] for logits [B, Vd],
         [B, 1, 1] for [B, 1, Vd] (the shapes ``_topk`` returns with k = 1)."""
         q = filtered_probs(logits, self.sampling)
-        ids = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=self.rng).view(*q.shape[:-1], 1)
+        # u in [0, 1): -log(u) in (0, inf], so a token with q > 0 scores q / E > 0 and one with q = 0 never wins.
+        race = q / -torch.log(self.noise[len(self.rows)].view(q.shape))
+        ids = race.argmax(-1, keepdim=True)
         self.rows.append(q.reshape(q.shape[0], -1))
         return q.gather(-1, ids), self.draft.draft_to_target(ids)
 
@@ -82,13 +91,11 @@ class DraftSampler:
 
 def extend(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs):
     """Commits the pairs; returns (logits [B, Vd], hidden [B, H]) of each request's root pair."""
-    out = draft(inputs.tokens, inputs.features, inputs.positions, cache=cache)
-    b = inputs.tokens.shape[0]
-    n = inputs.tokens.shape[1]
-    cache.keep(torch.arange(n, device=inputs.tokens.device).expand(b, n), inputs.counts)
+    b, n = inputs.tokens.shape
     last = (inputs.counts - 1).clamp(min=0)
-    rows = torch.arange(b, device=last.device)
-    return out.logits[rows, last], out.hidden[rows, last]
+    out = draft(inputs.tokens, inputs.features, inputs.positions, cache=cache, output_index=last)
+    cache.keep(torch.arange(n, device=inputs.tokens.device).expand(b, n), inputs.counts)
+    return out.logits[:, 0], out.hidden[:, 0]
 
 
 def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,

@@ -25,8 +25,10 @@ from ..draft.aux_layers import describe_fix
 from .architecture import check_served
 from .batch import Batch
 from .capture import AuxHiddenCapture
+from .compiled_draft import CompiledDraft, draft_capacity
 from .compiled_verify import CompiledVerify
 from .config import TreeConfig
+from .drafting import draft_cache_capacity
 from .memory import check_fits
 from .inputs import prepare
 from .settings import GenerateSettings, resolve
@@ -123,6 +125,7 @@ class SpeculativeGenerator:
         self.strict = strict
         self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
         self.compiled = CompiledVerify(target) if compile else None
+        self.compiled_draft = CompiledDraft() if compile else None
         self._warned_draft_context = False
 
     @classmethod
@@ -174,7 +177,7 @@ class SpeculativeGenerator:
         if streamer is not None:
             streamer.put(prompts.echo.cpu())
         started = time.perf_counter()
-        compiled_before = self.compiled.compile_s if self.compiled is not None else 0.0
+        compiled_before = self._compile_s()
         with self._session():
             guard_s = self._guard_capture()
             batch = Batch(self, prompts.ids, settings, rng)
@@ -188,8 +191,7 @@ class SpeculativeGenerator:
             tp.check_ranks_agree(new)
         stats = batch.stats
         stats.guard_time_s = guard_s
-        if self.compiled is not None:  # inside verify_time_s; reported apart as well
-            stats.compile_time_s = self.compiled.compile_s - compiled_before
+        stats.compile_time_s = self._compile_s() - compiled_before  # within the draft and verify times
         stats.total_time_s = time.perf_counter() - started
         stats.new_tokens = sum(len(t) for t in new)
         sequences = self._sequences(prompts.echo, new, settings.pad_token_id)
@@ -248,6 +250,16 @@ class SpeculativeGenerator:
                            "output is unchanged, but acceptance may fall there", longest, draft_context)
             self._warned_draft_context = True
         check_fits(self, len(ids), max(len(p) for p in ids), max(settings.new_tokens_for(len(p)) for p in ids))
+
+    def draft_cache_slots(self, longest_prompt: int, most_new: int) -> int:
+        """The capacity a call's draft cache is allocated with (compiled: rounded up so that
+        calls of similar length share the draft's graphs)."""
+        sized = draft_capacity if self.compiled_draft is not None else draft_cache_capacity
+        return sized(self.tree, longest_prompt, most_new)
+
+    def _compile_s(self) -> float:
+        """Seconds spent compiling so far (compile=True: the verify and the draft graphs)."""
+        return sum(c.compile_s for c in (self.compiled, self.compiled_draft) if c is not None)
 
     @contextmanager
     def _session(self):

@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import torch
 
-from .drafting import draft_cache_capacity
 
 GiB = 1 << 30
 
@@ -60,7 +59,7 @@ def predict(generator, batch: int, longest_prompt: int, most_new: int) -> Footpr
     target_kv = batch * tokens * target_kv_bytes_per_token(target.config, t_dtype)
     dc = draft.config
     d_item = torch.empty((), dtype=d_dtype).element_size()
-    capacity = draft_cache_capacity(tree, longest_prompt, most_new)  # what Batch allocates
+    capacity = generator.draft_cache_slots(longest_prompt, most_new)  # what Batch allocates
     draft_kv = batch * capacity * dc.num_hidden_layers * 2 * dc.num_key_value_heads * dc.head_dim * d_item
     text = _text(target.config)
     logits = batch * tree.num_draft_tokens * text.vocab_size * 4 * 3   # fp32 scores, probabilities, a copy

@@ -35,7 +35,7 @@ class GenerationStats:
     compact_time_s: float = 0.0       # KV compaction and next-round inputs
     bound_time_s: float = 0.0         # sampling: measuring the acceptance bound (not part of decoding)
     guard_time_s: float = 0.0         # the capture guard's probe forward (first call only)
-    compile_time_s: float = 0.0       # compile=True: verify calls that compiled a new shape (within verify_time_s)
+    compile_time_s: float = 0.0       # compile=True: calls that compiled a new shape (within draft / verify time)
     total_time_s: float = 0.0
 
     @property

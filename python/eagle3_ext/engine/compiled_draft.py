@@ -1,0 +1,74 @@
+"""The draft's side of a round as compiled graphs (``compile=True``).
+
+A draft step of a small head is a handful of GEMVs and some twenty small ops; in eager mode the
+ops' dispatch costs as much as the arithmetic. Compiled, the whole depth - 1 step loop
+(forward, top-k or sampled draw, frontier expansion, the gathers that feed the next step) is one
+graph per (batch size, tree shape, cache capacity): no Python runs per step and nothing syncs
+with the host. ``extend`` (committing the last round's accepted pairs) is compiled with its
+pairs padded to one of two sizes: padding pairs come after the real ones, so the causal mask hides them
+from the real ones, and ``keep`` commits only the real ones. The first round's prompt pairs stay
+eager. The draft cache's capacity is rounded up (``draft_capacity``) so that calls of similar
+length share the graphs.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..draft import Eagle3DraftModel
+from ..draft.cache import DraftKVCache
+from .compiled_verify import ShapeClock, round_capacity
+from .config import TreeConfig
+from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend
+
+
+def draft_capacity(tree: TreeConfig, longest_prompt: int, most_new: int) -> int:
+    return round_capacity(draft_cache_capacity(tree, longest_prompt, most_new))
+
+
+def pairs_sizes(tree: TreeConfig) -> List[int]:
+    """The sizes ``extend``'s pairs are padded to. A round commits an accepted path and the bonus
+    token: at most depth + 1 pairs from the draft's tree, more when a lookup chain longer than
+    the depth was accepted (a size of its own, so that draft rounds do not pay for it)."""
+    return sorted({tree.depth + 1, max(tree.depth, tree.lookup_tokens) + 1})
+
+
+def pad_pairs(inputs: DraftInputs, size: int) -> DraftInputs:
+    """``inputs`` with ``size`` pairs per request; the padding repeats the last column (its
+    outputs are never read and ``counts`` excludes it)."""
+    pad = size - inputs.tokens.shape[1]
+    if pad == 0:
+        return inputs
+
+    def grow(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, x[:, -1:].expand(x.shape[0], pad, *x.shape[2:])], dim=1)
+
+    return DraftInputs(grow(inputs.features), grow(inputs.tokens), grow(inputs.positions), inputs.counts)
+
+
+class CompiledDraft(ShapeClock):
+    """``extend`` and ``draft_steps`` compiled once per shape (module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self._extend = torch.compile(extend, dynamic=False)
+        self._steps = torch.compile(draft_steps, dynamic=False)
+
+    def extend(self, draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs,
+               tree: TreeConfig) -> Tuple[torch.Tensor, torch.Tensor]:
+        n = inputs.tokens.shape[1]
+        size = next((s for s in pairs_sizes(tree) if s >= n), None)
+        if size is None:  # the prompt's pairs, once per call
+            return extend(draft, cache, inputs)
+        cache.check_room(size)
+        shape = ("extend", cache.batch_size, size, cache.capacity)
+        return self.call(shape, self._extend, draft, cache, pad_pairs(inputs, size))
+
+    def steps(self, draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,
+              root_hidden: torch.Tensor, seq_lens: torch.Tensor, tree: TreeConfig,
+              sampler: Optional[DraftSampler]):
+        cache.check_room((tree.depth - 1) * tree.topk)
+        shape = ("steps", cache.batch_size, tree.depth, tree.topk, sampler is None, cache.capacity)
+        return self.call(shape, self._steps, draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)

@@ -1,0 +1,134 @@
+"""compile=True on the draft side: ``extend`` with its pairs padded to one size and the whole
+draft-step loop as one graph. Both are checked against the eager functions they compile (the
+reference semantics: same candidates, same cache), the sampled chain's exponential-race draw
+against the draft's distribution, and the graphs against recompilation."""
+
+import pytest
+import torch
+
+from eagle3_ext.engine.compiled_draft import CompiledDraft, draft_capacity, pad_pairs, pairs_sizes
+from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE
+from eagle3_ext.engine.config import SamplingConfig, TreeConfig
+from eagle3_ext.engine.drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend
+from sampling_stats import chi_square_bound
+from tiny_models import DRAFT_VOCAB, H, VOCAB, make_draft
+
+
+def _inputs(b, n, counts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return DraftInputs(torch.randn(b, n, H, generator=g), torch.randint(0, VOCAB, (b, n), generator=g),
+                       (torch.arange(n) + 40).expand(b, n).clone(), torch.tensor(counts))
+
+
+def _primed_cache(draft, b, capacity, seed=1):
+    """A cache holding a committed prompt of 40 pairs per request."""
+    cache = draft.new_cache(b, capacity)
+    prompt = _inputs(b, 40, [40] * b, seed)
+    prompt.positions = torch.arange(40).expand(b, 40).clone()
+    extend(draft, cache, prompt)
+    return cache
+
+
+def test_sizes_and_padding():
+    assert pairs_sizes(TreeConfig.chain(5)) == [6]
+    assert pairs_sizes(TreeConfig(3, 2, 8, lookup_tokens=10)) == [4, 11]   # a lookup chain can be accepted whole
+    tree = TreeConfig(4, 2, 10)
+    assert draft_capacity(tree, 100, 50) % CAPACITY_MULTIPLE == 0
+    assert draft_capacity(tree, 100, 50) >= draft_cache_capacity(tree, 100, 50)
+    x = _inputs(2, 3, [3, 1])
+    padded = pad_pairs(x, 5)
+    assert padded.tokens.shape == (2, 5) and torch.equal(padded.tokens[:, :3], x.tokens)
+    assert torch.equal(padded.tokens[:, 3:], x.tokens[:, 2:].expand(2, 2))
+    assert torch.equal(padded.counts, x.counts)
+    assert pad_pairs(x, 3) is x
+
+
+def test_output_index_keeps_one_row_per_request():
+    draft = make_draft(seed=3)
+    x = _inputs(2, 4, [4, 2])
+    with torch.no_grad():
+        full = draft(x.tokens, x.features, x.positions)
+        one = draft(x.tokens, x.features, x.positions, output_index=torch.tensor([3, 1]))
+    assert one.logits.shape == (2, 1, DRAFT_VOCAB)
+    torch.testing.assert_close(one.logits[:, 0], full.logits[[0, 1], [3, 1]])
+    torch.testing.assert_close(one.hidden[:, 0], full.hidden[[0, 1], [3, 1]])
+
+
+def test_padded_extend_commits_what_eager_extend_commits():
+    """Padding pairs are written past the real ones but neither seen by them nor committed."""
+    draft = make_draft(seed=4)
+    tree = TreeConfig.chain(5)
+    x = _inputs(2, 3, [3, 2])
+    with torch.no_grad():
+        eager_cache = _primed_cache(draft, 2, 128)
+        want_logits, want_hidden = extend(draft, eager_cache, x)
+        compiled_cache = _primed_cache(draft, 2, 128)
+        got_logits, got_hidden = CompiledDraft().extend(draft, compiled_cache, x, tree)
+    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_hidden, want_hidden, rtol=1e-5, atol=1e-5)
+    assert torch.equal(compiled_cache.prefix_lens, eager_cache.prefix_lens) and compiled_cache.tree_len == 0
+    for layer in range(len(eager_cache.keys)):
+        for b, length in enumerate(eager_cache.prefix_lens.tolist()):
+            torch.testing.assert_close(compiled_cache.keys[layer][b, :length], eager_cache.keys[layer][b, :length],
+                                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(4, 2, 8), TreeConfig.chain(4, sampled=True)], ids=["topk2", "sampled"])
+def test_compiled_steps_equal_eager_steps_and_compile_once(tree):
+    draft = make_draft(seed=5)
+    b = 3
+    root_logits = torch.randn(b, DRAFT_VOCAB, generator=torch.Generator().manual_seed(6))
+    root_hidden = torch.randn(b, H, generator=torch.Generator().manual_seed(7))
+    seq_lens = torch.full((b,), 40)
+    sampling = SamplingConfig(temperature=0.9)
+    compiled = CompiledDraft()
+
+    def run(fn, seed):
+        cache = _primed_cache(draft, b, 128)
+        sampler = DraftSampler(draft, sampling, torch.Generator().manual_seed(seed), b, tree.depth) \
+            if tree.sampled else None
+        steps = fn(draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        return steps, sampler, cache
+
+    with torch.no_grad():
+        for seed in (0, 1):
+            want, want_sampler, want_cache = run(draft_steps, seed)
+            got, got_sampler, got_cache = run(compiled.steps, seed)
+            assert len(got) == len(want) == tree.depth
+            for g, w in zip(got, want):
+                assert torch.equal(g.tokens, w.tokens) and torch.equal(g.parents, w.parents)
+                torch.testing.assert_close(g.scores, w.scores, rtol=1e-5, atol=1e-6)
+            assert got_cache.tree_len == want_cache.tree_len == (tree.depth - 1) * tree.topk
+            if tree.sampled:
+                torch.testing.assert_close(torch.stack(got_sampler.rows), torch.stack(want_sampler.rows))
+            if seed == 0:
+                compiled_once = compiled.compile_s
+    assert compiled_once > 0 and compiled.compile_s == compiled_once   # the second call compiled nothing
+
+
+def test_exponential_race_draws_from_the_draft_distribution():
+    """The sampled chain's draw (argmax of q / -log u over pre-drawn uniforms) follows q, with
+    top-k filtering; a lossy control (argmax of q + u) fails the same test."""
+    draft = make_draft(seed=8)
+    trials, vocab = 20000, DRAFT_VOCAB
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(9)) * 1.5
+    sampling = SamplingConfig(temperature=0.8, top_k=12)
+    sampler = DraftSampler(draft, sampling, torch.Generator().manual_seed(10), trials, 1)
+    q_token, target_ids = sampler(logits.expand(trials, vocab))
+    q = sampler.rows[0][0]
+    assert int((q > 0).sum()) == 12
+    draft_ids = (target_ids[:, 0] - draft.d2t[0]) // 2                      # target id = 2 i here
+    counts = torch.bincount(draft_ids, minlength=vocab).double()
+    assert counts[q == 0].sum() == 0
+    torch.testing.assert_close(q_token[:, 0], q[draft_ids])
+
+    def statistic(observed):
+        expected = q.double() * trials
+        keep = expected > 0
+        return float(((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()), int(keep.sum()) - 1
+
+    stat, dof = statistic(counts)
+    assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
+    biased = torch.bincount((q + sampler.noise[0]).argmax(-1), minlength=vocab).double()
+    stat, dof = statistic(biased)
+    assert stat > chi_square_bound(dof), f"biased draw passed: chi-square {stat:.1f} with {dof} dof"
