@@ -25,6 +25,7 @@ from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_ste
 
 
 def draft_capacity(tree: TreeConfig, longest_prompt: int, most_new: int) -> int:
+    """The compiled draft cache's capacity: ``draft_cache_capacity`` rounded up to 512 slots."""
     return round_capacity(draft_cache_capacity(tree, longest_prompt, most_new))
 
 

@@ -103,10 +103,9 @@ class _ShardWriter:
 def _head_check(source: OnlineTarget, example, rows, bias) -> bool:
     """Whether the draft-vocabulary logits are exactly the lm_head's input times its rows (a
     plain linear head: no soft-capping, no scaling) on one example."""
-    with torch.no_grad():
-        ids, _, valid, _, view = source.batch([example], rows.device)
-        head_in = source.head_input.pop()
-    again = F.linear(head_in, rows, bias).float()
+    with torch.no_grad(), source.recording_head_input() as head_inputs:
+        view = source.batch([example], rows.device)[-1]
+    again = F.linear(head_inputs[-1], rows, bias).float()
     return bool((again - view.draft_logits).abs().max() <= 1e-4 * (1 + view.draft_logits.abs().max()))
 
 
@@ -125,20 +124,14 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
         raise ValueError(f"draft_vocab_size {draft_vocab} is larger than the target vocabulary ({source.vocab})")
     d2t, t2d = vocab_mapping_for(train, source.vocab, draft_vocab)
     hidden = source.config.hidden_size
-    head_module = source.model.get_output_embeddings()
     ids = torch.arange(draft_vocab) + d2t
-    rows = None if head_module is None else full_tensor(head_module.weight.detach())[ids]
-    bias = getattr(head_module, "bias", None)
-    bias = None if bias is None else full_tensor(bias.detach())[ids]
+    rows, bias = source.head_rows(ids, dtype=None), source.head_bias(ids)  # stored as the target has them
 
     ordered = [("train", e) for e in train] + [("val", e) for e in val]
     tokens = sum(e.input_ids.numel() for _, e in ordered)
     dtype_bytes = DTYPES[config.dtype].itemsize
     fingerprint = source.fingerprint(aux, (e.input_ids.tolist() for e in (val or train)))
     source.start(aux, d2t)
-    source.head_input = []
-    hook = None if head_module is None else head_module.register_forward_pre_hook(
-        lambda module, args: source.head_input.append(full_tensor(args[0]).detach()))
     head = config.head
     if head == "auto":
         head = "hidden" if rows is not None and _head_check(source, train[0], rows, bias) else "logits"
@@ -156,8 +149,6 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
               f"{per_token * tokens / 2**30:.2f} GiB ({estimate['mib_per_million_tokens'] / 1024:.1f} GiB per "
               f"million tokens); {free / 2**30:.1f} GiB free", file=sys.stderr, flush=True)
     if config.dry_run:
-        if hook is not None:
-            hook.remove()
         return estimate
     if per_token * tokens > free:
         raise ValueError(f"out {config.out}: the cache needs about {per_token * tokens / 2**30:.2f} GiB and the disk "
@@ -172,11 +163,10 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
     examples_in_order = [e for _, e in ordered]
     for batch_ids in _index_batches(examples_in_order, mine, config.batch_tokens):
         batch = [examples_in_order[i] for i in batch_ids]
-        source.head_input.clear()
-        with torch.no_grad():
-            _, _, _, states, view = source.batch(batch, device)
-        head_in = source.head_input.pop().cpu() if head == "hidden" else None
-        states = [s.to(DTYPES[config.dtype]).cpu() for s in states]  # (batch() hands them out as fp32)
+        with torch.no_grad(), source.recording_head_input() as head_inputs:
+            _, _, _, states, view = source.batch(batch, device, DTYPES[config.dtype])
+        head_in = head_inputs[-1].cpu() if head == "hidden" else None
+        states = [s.cpu() for s in states]
         top, draft_logits = view.top.cpu(), view.draft_logits.cpu()
         for row, i in enumerate(batch_ids):
             e, n = examples_in_order[i], examples_in_order[i].input_ids.numel()
@@ -192,8 +182,6 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
         bar.update(len(batch_ids))
     writer.flush()
     bar.close()
-    if hook is not None:
-        hook.remove()
     seconds = time.perf_counter() - started
     entries = _gather(entries, layout)
     written = _gather_sum(writer.written if layout.tp_rank == 0 else 0, layout)

@@ -7,7 +7,8 @@ interface, so one training loop serves both."""
 from __future__ import annotations
 
 import random
-from typing import Any, Dict, List, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -92,12 +93,33 @@ class OnlineTarget:
             return nn.Embedding.from_pretrained(full_tensor(emb.weight.detach()).clone(), freeze=True)
         return emb
 
-    def head_rows(self, ids: torch.Tensor):
-        """The lm_head rows of ``ids`` (fp32), or None when the head is not hidden-wide."""
+    def head_rows(self, ids: torch.Tensor, dtype: Optional[torch.dtype] = torch.float32):
+        """The lm_head rows of ``ids`` (in ``dtype``; None: the head's own), or None when the
+        target has no output embedding."""
         head = self.model.get_output_embeddings()
         if head is None:
             return None
-        return full_tensor(head.weight.detach())[ids].float()
+        rows = full_tensor(head.weight.detach())[ids]
+        return rows if dtype is None else rows.to(dtype)
+
+    def head_bias(self, ids: torch.Tensor):
+        """The lm_head bias of ``ids`` in the head's dtype, or None when it has none."""
+        bias = getattr(self.model.get_output_embeddings(), "bias", None)
+        return None if bias is None else full_tensor(bias.detach())[ids]
+
+    @contextmanager
+    def recording_head_input(self):
+        """Within the block, each forward's lm_head input (whole under tensor parallelism) is
+        appended to the yielded list."""
+        inputs: List[torch.Tensor] = []
+        head = self.model.get_output_embeddings()
+        hook = None if head is None else head.register_forward_pre_hook(
+            lambda module, args: inputs.append(full_tensor(args[0]).detach()))
+        try:
+            yield inputs
+        finally:
+            if hook is not None:
+                hook.remove()
 
     def final_norm(self):
         norm = getattr(getattr(self.model, "model", None), "norm", None)
@@ -112,8 +134,9 @@ class OnlineTarget:
         self.capture = AuxHiddenCapture(self.model, aux_layer_ids).attach()
         self.d2t = d2t
 
-    def batch(self, examples: Sequence[Example], device) -> tuple:
-        """(input_ids, loss_mask, valid, aux states fp32, TargetView) of a right-padded batch."""
+    def batch(self, examples: Sequence[Example], device, state_dtype: torch.dtype = torch.float32) -> tuple:
+        """(input_ids, loss_mask, valid, aux states in ``state_dtype``, TargetView) of a
+        right-padded batch."""
         ids, loss_mask, valid = (t.to(device) for t in collate(examples, self.pad_id))
-        logits, aux = target_pass(self.model, self.capture, ids, valid, torch.float32)
+        logits, aux = target_pass(self.model, self.capture, ids, valid, state_dtype)
         return ids, loss_mask, valid, aux, TargetView.from_logits(full_tensor(logits), self.d2t)
