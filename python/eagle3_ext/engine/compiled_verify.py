@@ -25,7 +25,7 @@ import torch
 
 CAPACITY_MULTIPLE = 512
 # Graphs one compiled function may keep: a batch that shrinks as requests finish passes through
-# every batch size, each with a few tree sizes (dynamo's default of 8 would fall back to eager).
+# several batch sizes, each with a few tree sizes (dynamo's default of 8 would fall back to eager).
 RECOMPILE_LIMIT = 64
 
 
