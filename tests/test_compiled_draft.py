@@ -63,7 +63,7 @@ def test_padded_extend_commits_what_eager_extend_commits():
         eager_cache = _primed_cache(draft, 2, 128)
         want_logits, want_hidden = extend(draft, eager_cache, x)
         compiled_cache = _primed_cache(draft, 2, 128)
-        got_logits, got_hidden = CompiledDraft().extend(draft, compiled_cache, x, tree)
+        got_logits, got_hidden = CompiledDraft("cpu").extend(draft, compiled_cache, x, tree)
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_hidden, want_hidden, rtol=1e-5, atol=1e-5)
     assert torch.equal(compiled_cache.prefix_lens, eager_cache.prefix_lens) and compiled_cache.tree_len == 0
@@ -81,7 +81,7 @@ def test_compiled_steps_equal_eager_steps_and_compile_once(tree):
     root_hidden = torch.randn(b, H, generator=torch.Generator().manual_seed(7))
     seq_lens = torch.full((b,), 40)
     sampling = SamplingConfig(temperature=0.9)
-    compiled = CompiledDraft()
+    compiled = CompiledDraft("cpu")
 
     def run(fn, seed):
         cache = _primed_cache(draft, b, 128)

@@ -2,13 +2,15 @@
 to the target's greedy decoding with hybrid drafting (trees of varying size, padded to a few
 sizes) and with requests leaving a batch; the shapes compile once and not again."""
 
+import copy
+
 import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
-from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE, node_buckets, static_capacity
+from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE, inductor_settings, node_buckets, static_capacity
 from tiny_models import make_trained_pair
 
 PROMPTS = ["def value key item value key item value key", "class index count index count",
@@ -31,6 +33,19 @@ def test_buckets_and_capacity():
     assert static_capacity(CAPACITY_MULTIPLE, 1, 16) == 2 * CAPACITY_MULTIPLE
 
 
+def test_inductor_settings(monkeypatch):
+    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
+    assert inductor_settings(torch.device("cpu")) == {
+        "freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+    assert inductor_settings(torch.device("cuda")) == {}
+    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")
+    assert inductor_settings(torch.device("cpu")) == {"freezing": True}
+    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "yes")
+    with pytest.raises(ValueError, match="EAGLE3_COMPILE_AUTOTUNE must be 0 or 1, got 'yes'"):
+        inductor_settings(torch.device("cpu"))
+
+
 def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     target, tok, draft = pair
     gen = SpeculativeGenerator(target, draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok, compile=True)
@@ -48,6 +63,24 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     again = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
     assert again.new_tokens == expected
     assert again.stats.compile_time_s == 0  # the same shapes: nothing compiled a second time
+
+
+def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair, monkeypatch):
+    """The CPU graphs as users get them (weights frozen, GEMMs autotuned): token-identical to
+    greedy decoding over consecutive calls (each with a new static cache) and for a second
+    target of the same shape but other weights (frozen constants belong to one generator)."""
+    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
+    target, tok, draft = pair
+    other = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in other.model.layers[-1].mlp.parameters():
+            p.mul_(1.5)
+    for model in (target, other):
+        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+        for prompt in PROMPTS[:2]:
+            expected = hf_generate(model, tok, [prompt], 16)[0]
+            assert gen.generate(prompt, max_new_tokens=16, return_dict_in_generate=True).new_tokens == expected
+    assert hf_generate(other, tok, PROMPTS[:2], 16)[0] != hf_generate(target, tok, PROMPTS[:2], 16)[0]
 
 
 def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch):

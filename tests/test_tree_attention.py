@@ -86,12 +86,32 @@ def test_matches_reference(device, dtype, case):
     check(*make_case(lens, n, hq, hkv, d, dtype, device, kind, padding))
 
 
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+# The CPU kernel is compiled for AVX-512, for AVX2 + FMA and portably; EAGLE3_CPU_ISA=avx2 or
+# =generic caps the build the op picks, so every build this machine runs is tested.
+CAPPED_BUILDS = [pytest.param("generic", id="generic"),
+                 pytest.param("avx2", id="avx2", marks=pytest.mark.skipif(
+                     not {"avx2", "fma", "f16c"} <= set(cpu_flags()), reason="this CPU has no AVX2 + FMA + F16C"))]
+
+
+@pytest.mark.parametrize("isa", CAPPED_BUILDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["tree", "d40-general", "padding-rows"])
-def test_portable_cpu_build_matches_reference(monkeypatch, dtype, case):
-    # The kernel is compiled twice (AVX-512 and portable); EAGLE3_CPU_ISA=generic selects the
-    # portable build, which machines without AVX-512 run.
-    monkeypatch.setenv("EAGLE3_CPU_ISA", "generic")
+@pytest.mark.parametrize("case", ["tree", "d40-general", "padding-rows", "long-prefix", "d36-tail"])
+def test_capped_cpu_builds_match_reference(monkeypatch, isa, dtype, case):
+    monkeypatch.setenv("EAGLE3_CPU_ISA", isa)
+    if case == "long-prefix":  # several key blocks, a tail block and a tree that is not a chain
+        check(*make_case([300, 77], 7, 6, 2, 64, dtype, "cpu"))
+        return
+    if case == "d36-tail":  # a head dim that is no multiple of 8 (the row conversions' tails)
+        check(*make_case([29, 70], 6, 6, 3, 36, dtype, "cpu"))
+        return
     lens, n, hq, hkv, d, kind, padding = CASES[case]
     check(*make_case(lens, n, hq, hkv, d, dtype, "cpu", kind, padding))
 
@@ -184,9 +204,10 @@ def test_features_with_cpu_kv_splits(dtype, feature):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("isa", CAPPED_BUILDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_features_portable_cpu_build(monkeypatch, dtype):
-    monkeypatch.setenv("EAGLE3_CPU_ISA", "generic")
+def test_features_capped_cpu_builds(monkeypatch, isa, dtype):
+    monkeypatch.setenv("EAGLE3_CPU_ISA", isa)
     d, dv, window, softcap, _ = FEATURES["all"]
     q, k, v, lens, mask = make_case([70, 3], 9, 8, 2, d, dtype, "cpu", dv=dv)
     check_features(q, k, v, lens, mask, window, softcap, torch.randn(8))

@@ -27,16 +27,22 @@ constexpr int64_t kMinRowsPerTask = 8;
 constexpr int64_t kMinSplitPositions = 512;
 constexpr int64_t kScratchAlign = 16;  // floats (64 bytes)
 
-// The AVX-512 build when the CPU has AVX-512F, unless EAGLE3_CPU_ISA=generic asks for the
-// portable one (read per call, so a test can cover both builds in one process).
-bool use_avx512() {
+using TaskRunner = void (*)(const cpu::Params&, const cpu::Task&, float*);
+
+// The widest build the CPU runs: AVX-512 (AVX-512F), then AVX2 (AVX2 + FMA), then the portable
+// one. EAGLE3_CPU_ISA=avx2 or =generic caps the choice (read per call, so a test can cover
+// every build the machine runs in one process).
+TaskRunner pick_task_runner() {
 #if defined(__x86_64__) || defined(_M_X64)
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char* isa = std::getenv("EAGLE3_CPU_ISA");
-  return has && !(isa != nullptr && std::string_view(isa) == "generic");
-#else
-  return false;
+  const std::string_view cap = isa != nullptr ? isa : "";
+  if (cap == "generic") return &cpu::run_task_generic;
+  if (has_avx512 && cap != "avx2") return &cpu::run_task_avx512;
+  if (has_avx2) return &cpu::run_task_avx2;
 #endif
+  return &cpu::run_task_generic;
 }
 
 cpu::DType kernel_dtype(at::ScalarType t) {
@@ -148,7 +154,7 @@ at::Tensor run(const Problem& p) {
   float* base = scratch.data_ptr<float>();
   base += (kScratchAlign - (reinterpret_cast<uintptr_t>(base) / sizeof(float)) % kScratchAlign) %
           kScratchAlign;
-  const auto run_task = use_avx512() ? &cpu::run_task_avx512 : &cpu::run_task_generic;
+  const TaskRunner run_task = pick_task_runner();
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     float* mine = base + at::get_thread_num() * per_thread;

@@ -1,6 +1,6 @@
 // The CPU kernel of tree_attention on raw pointers, sizes and strides (no torch types), built
-// twice: once with AVX-512 flags (cpu_avx512.cpp) and once for any x86-64 (cpu_generic.cpp);
-// cpu.cpp picks one at run time.
+// three times: with AVX-512 flags (cpu_avx512.cpp), with AVX2 + FMA (cpu_avx2.cpp) and for any
+// x86-64 (cpu_generic.cpp); cpu.cpp picks one at run time.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +79,7 @@ struct Task {
 };
 
 void run_task_avx512(const Params& p, const Task& t, float* scratch);
+void run_task_avx2(const Params& p, const Task& t, float* scratch);
 void run_task_generic(const Params& p, const Task& t, float* scratch);
 
 }  // namespace eagle3::tree_attention::cpu

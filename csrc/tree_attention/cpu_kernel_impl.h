@@ -1,5 +1,6 @@
-// The body of the CPU tree-attention kernel. Included by cpu_avx512.cpp and cpu_generic.cpp,
-// each defining EAGLE3_TREE_ISA (a namespace name) and compiling it with its own flags.
+// The body of the CPU tree-attention kernel. Included by cpu_avx512.cpp, cpu_avx2.cpp and
+// cpu_generic.cpp, each defining EAGLE3_TREE_ISA (a namespace name) and compiling it with its own
+// flags (cpu_avx2.cpp also EAGLE3_TREE_AVX2: 8-lane intrinsics where GCC's 16-lane lowering is slow).
 // Everything here has internal linkage (anonymous namespace) and uses no inline function
 // from another header, so no AVX-512 code can leak into the generic build through the linker.
 //
@@ -23,10 +24,11 @@
 // interleaved in key pairs.
 // Nothing of size [N, S] exists: the scratch is O(rows x D + kKeys x D).
 // The portable code is written with GCC/Clang vector extensions (16 x fp32), which the
-// compiler lowers to AVX-512 in one build and to SSE2 in the other.
+// compiler lowers to AVX-512 in one build and to SSE2 in the portable one; the AVX2 build
+// replaces the hot parts (qk_tile, pv_tile, softmax_block, load_row) with 8-lane intrinsics.
 #include <cstdint>
 #include <cstring>
-#ifdef EAGLE3_TREE_AVX512BF16
+#if defined(EAGLE3_TREE_AVX512BF16) || defined(EAGLE3_TREE_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -140,6 +142,21 @@ inline void load_row(const void* src, float* dst, int64_t n) {
   if constexpr (kType == DType::kFloat) {
     std::memcpy(dst, src, n * sizeof(float));
   } else {
+#ifdef EAGLE3_TREE_AVX2
+    // 8 lanes at a time (bf16: the bits moved up; fp16: F16C, exact as the lane-wise code).
+    const uint16_t* s8 = static_cast<const uint16_t*>(src);
+    int64_t d8 = 0;
+    for (; d8 + 8 <= n; d8 += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s8 + d8));
+      const __m256 f = kType == DType::kBFloat16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                                                 : _mm256_cvtph_ps(h);
+      _mm256_storeu_ps(dst + d8, f);
+    }
+    for (; d8 < n; ++d8) {
+      dst[d8] = kType == DType::kBFloat16 ? bits_to_float(static_cast<uint32_t>(s8[d8]) << 16) : _cvtsh_ss(s8[d8]);
+    }
+    return;
+#endif
     const uint16_t* s = static_cast<const uint16_t*>(src);
     int64_t d = 0;
     for (; d + kLanes <= n; d += kLanes) {
@@ -197,6 +214,35 @@ inline void kv_offsets(const KvCache& kv, int64_t b, int64_t s, int64_t h, int64
 
 // s[k][0:16] = sum_d kf[k][d] * qt[d][0:16] for kKeyTile keys: one query vector (16 packed rows,
 // qt rows ldq apart) against kKeyTile key rows (kf rows ldk apart); s rows lds apart.
+#ifdef EAGLE3_TREE_AVX2
+// The AVX2 build's qk_tile on 8-lane registers: GCC splits a 16-lane vector-extension
+// multiply by a scalar through the stack, and 8 keys x 2 halves would not fit the 16 ymm
+// registers; so two passes of 4 keys, 8 accumulators each.
+__attribute__((always_inline)) inline void qk_tile(const float* qt, int64_t ldq, const float* kf,
+                                                  int64_t ldk, int64_t D, float* s, int64_t lds) {
+  static_assert(kKeyTile % 4 == 0, "qk_tile takes keys in fours");
+  for (int j0 = 0; j0 < kKeyTile; j0 += 4) {
+    __m256 lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+    const float* k0 = kf + j0 * ldk;
+    for (int64_t d = 0; d < D; ++d) {
+      const __m256 q_lo = _mm256_loadu_ps(qt + d * ldq), q_hi = _mm256_loadu_ps(qt + d * ldq + 8);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256 kj = _mm256_broadcast_ss(k0 + j * ldk + d);
+        lo[j] = _mm256_fmadd_ps(kj, q_lo, lo[j]);
+        hi[j] = _mm256_fmadd_ps(kj, q_hi, hi[j]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_ps(s + (j0 + j) * lds, lo[j]);
+      _mm256_storeu_ps(s + (j0 + j) * lds + 8, hi[j]);
+    }
+  }
+}
+#else
 __attribute__((always_inline)) inline void qk_tile(const float* qt, int64_t ldq, const float* kf,
                                                   int64_t ldk, int64_t D, float* s, int64_t lds) {
   vf a[kKeyTile];
@@ -210,6 +256,7 @@ __attribute__((always_inline)) inline void qk_tile(const float* qt, int64_t ldq,
 #pragma GCC unroll 8
   for (int j = 0; j < kKeyTile; ++j) store(s + j * lds, a[j]);
 }
+#endif
 
 #ifdef EAGLE3_TREE_AVX512BF16
 // The bfloat16 variant of qk_tile (AVX512-BF16): qt2[d/2][16 rows][2] holds the unscaled bf16
@@ -272,6 +319,41 @@ __attribute__((always_inline)) inline void pv_tile_bf16(const uint32_t* p2, int6
 
 // o[4][64] += sum_k p[k][0:4] * v[k][64] for k < n  (p rows ldp apart, v rows ldv apart, o rows
 // ldo apart).
+#ifdef EAGLE3_TREE_AVX2
+// The AVX2 build's pv_tile (see its qk_tile): 4 rows x 64 columns would take 32 ymm
+// accumulators, so four passes of 2 rows x 32 columns, 8 accumulators each.
+__attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, int64_t n,
+                                                  const float* v, int64_t ldv, float* o,
+                                                  int64_t ldo) {
+  static_assert(kRowTile % 2 == 0 && kColTile % 32 == 0, "pv_tile takes rows in twos, columns in 32s");
+  for (int i0 = 0; i0 < kRowTile; i0 += 2) {
+    for (int c0 = 0; c0 < kColTile; c0 += 32) {
+      __m256 acc[2][4];
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_loadu_ps(o + (i0 + i) * ldo + c0 + 8 * j);
+      for (int64_t k = 0; k < n; ++k) {
+        const float* vr = v + k * ldv + c0;
+        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8), v2 = _mm256_loadu_ps(vr + 16),
+                     v3 = _mm256_loadu_ps(vr + 24);
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; ++i) {
+          const __m256 pi = _mm256_broadcast_ss(p + k * ldp + i0 + i);
+          acc[i][0] = _mm256_fmadd_ps(pi, v0, acc[i][0]);
+          acc[i][1] = _mm256_fmadd_ps(pi, v1, acc[i][1]);
+          acc[i][2] = _mm256_fmadd_ps(pi, v2, acc[i][2]);
+          acc[i][3] = _mm256_fmadd_ps(pi, v3, acc[i][3]);
+        }
+      }
+#pragma GCC unroll 2
+      for (int i = 0; i < 2; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + (i0 + i) * ldo + c0 + 8 * j, acc[i][j]);
+    }
+  }
+}
+#else
 __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, int64_t n,
                                                   const float* v, int64_t ldv, float* o,
                                                   int64_t ldo) {
@@ -298,6 +380,93 @@ __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, 
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) store(o + i * ldo + j * kLanes, acc[i][j]);
 }
+#endif
+
+#ifdef EAGLE3_TREE_AVX2
+// exp2v on 8 lanes (the same rounding, polynomial and exponent bits).
+__attribute__((always_inline)) inline __m256 exp2_8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-127.f));
+  const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+  const __m256 half = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(-0.5f), negative);
+  const __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(x, half));
+  const __m256 f = _mm256_sub_ps(x, _mm256_cvtepi32_ps(n));
+  __m256 p = _mm256_set1_ps(1.5403530393381608e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// softmax_block on 8-lane registers (GCC lowers the 16-lane version lane by lane on AVX2).
+__attribute__((always_inline)) inline void softmax_block(float* st, int64_t Rp, int64_t n, int64_t rows, float* m,
+                                                        float* l, float* acc, int64_t Dvp) {
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  for (int64_t r = 0; r < Rp; r += 8) {
+    __m256 mx = _mm256_loadu_ps(st + r);
+    for (int64_t k = 1; k < n; ++k) mx = _mm256_max_ps(mx, _mm256_loadu_ps(st + k * Rp + r));
+    const __m256 m_old = _mm256_loadu_ps(m + r);
+    const __m256 m_new = _mm256_max_ps(mx, m_old);
+    // A row that has seen nothing yet (all -inf) subtracts 0 instead: its p and alpha are 0.
+    const __m256 m_use = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
+    const __m256 alpha = exp2_8(_mm256_sub_ps(m_old, m_use));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; ++k) {
+      const __m256 e = exp2_8(_mm256_sub_ps(_mm256_loadu_ps(st + k * Rp + r), m_use));
+      _mm256_storeu_ps(st + k * Rp + r, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), alpha, sum));
+    _mm256_storeu_ps(m + r, m_new);
+    float a[8];
+    _mm256_storeu_ps(a, alpha);
+    for (int i = 0; i < 8 && r + i < rows; ++i) {
+      if (a[i] != 1.f) {
+        float* ar = acc + (r + i) * Dvp;
+        const __m256 ai = _mm256_set1_ps(a[i]);
+        for (int64_t d = 0; d < Dvp; d += 8) _mm256_storeu_ps(ar + d, _mm256_mul_ps(_mm256_loadu_ps(ar + d), ai));
+      }
+    }
+  }
+}
+#else
+// Online softmax of one block: st[n][Rp] holds the block's scores (log2 domain), 16 rows per
+// vector; turns them into probabilities, folds them into the running max m and sum l, and
+// rescales the accumulator rows of acc (Dvp apart) whose max moved.
+__attribute__((always_inline)) inline void softmax_block(float* st, int64_t Rp, int64_t n, int64_t rows, float* m,
+                                                        float* l, float* acc, int64_t Dvp) {
+  const vf neg_inf = splat(kNegInf);
+for (int64_t r = 0; r < Rp; r += kLanes) {
+  vf mx = load(st + r);
+  for (int64_t k = 1; k < n; ++k) {
+    const vf x = load(st + k * Rp + r);
+    mx = x > mx ? x : mx;
+  }
+  const vf m_old = load(m + r);
+  vf m_new = mx > m_old ? mx : m_old;
+  // A row that has seen nothing yet (all -inf) subtracts 0 instead: its p and alpha are 0.
+  const vf m_use = m_new == neg_inf ? splat(0.f) : m_new;
+  const vf alpha = exp2v(m_old - m_use);
+  vf sum = {};
+  for (int64_t k = 0; k < n; ++k) {
+    const vf e = exp2v(load(st + k * Rp + r) - m_use);
+    store(st + k * Rp + r, e);
+    sum += e;
+  }
+  store(l + r, load(l + r) * alpha + sum);
+  store(m + r, m_new);
+  for (int i = 0; i < kLanes && r + i < rows; ++i) {
+    if (alpha[i] != 1.f) {
+      float* ar = acc + (r + i) * Dvp;
+      for (int64_t d = 0; d < Dvp; d += kLanes) store(ar + d, load(ar + d) * alpha[i]);
+    }
+  }
+}
+}
+#endif
 
 template <DType kType>
 void run_typed(const Params& p, const Task& t, float* scratch) {
@@ -470,33 +639,7 @@ void run_typed(const Params& p, const Task& t, float* scratch) {
         for (int64_t k = 0; k < n && s0 + k < first[r]; ++k) st[k * Rp + r] = kNegInf;
       }
     }
-    // Online softmax, 16 rows per vector: column maxima, rescale factors, probabilities.
-    for (int64_t r = 0; r < Rp; r += kLanes) {
-      vf mx = load(st + r);
-      for (int64_t k = 1; k < n; ++k) {
-        const vf x = load(st + k * Rp + r);
-        mx = x > mx ? x : mx;
-      }
-      const vf m_old = load(m + r);
-      vf m_new = mx > m_old ? mx : m_old;
-      // A row that has seen nothing yet (all -inf) subtracts 0 instead: its p and alpha are 0.
-      const vf m_use = m_new == neg_inf ? splat(0.f) : m_new;
-      const vf alpha = exp2v(m_old - m_use);
-      vf sum = {};
-      for (int64_t k = 0; k < n; ++k) {
-        const vf e = exp2v(load(st + k * Rp + r) - m_use);
-        store(st + k * Rp + r, e);
-        sum += e;
-      }
-      store(l + r, load(l + r) * alpha + sum);
-      store(m + r, m_new);
-      for (int i = 0; i < kLanes && r + i < rows; ++i) {
-        if (alpha[i] != 1.f) {
-          float* ar = acc + (r + i) * Dvp;
-          for (int64_t d = 0; d < Dvp; d += kLanes) store(ar + d, load(ar + d) * alpha[i]);
-        }
-      }
-    }
+    softmax_block(st, Rp, n, rows, m, l, acc, Dvp);
     if (bf16_dot) {
 #ifdef EAGLE3_TREE_AVX512BF16
       // P as bf16 key pairs per row: pt2[k / 2][Rp]; a missing odd key has p = 0.

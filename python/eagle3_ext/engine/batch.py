@@ -61,19 +61,20 @@ class Batch:
         # Compiled rounds shrink the batch to powers of two only: rows left over hold copies of
         # running requests (mirrors), whose outputs are dropped (see _drop_finished).
         self.mirror = [False] * len(prompts)
+        self.mirror_rows: Optional[torch.Tensor] = None  # self.mirror as a bool tensor, while any row is one
         tree = generator.tree
         if tree.lookup_tokens:
             for r in self.requests:
                 r.lookup = NgramLookup(tree.lookup_ngram, tree.lookup_tokens)
                 r.lookup.tokens.extend(r.prompt)
         self.stats = GenerationStats(depth_accepted=[0] * generator.tree.depth)
-        capacity = 0
+        capacity, compiled_verify = 0, None
         if generator.compiled is not None:
             capacity = static_capacity(max(len(p) for p in prompts), max(r.rule.limit for r in self.requests),
                                        tree.num_draft_tokens)
+            compiled_verify = generator.compiled.verify
         self.runner = TargetRunner(generator.target, generator.capture, generator.use_tree_attention,
-                                   generator.compiled, capacity,
-                                   node_buckets(tree.num_draft_tokens, tree.lookup_tokens))
+                                   compiled_verify, capacity, node_buckets(tree.num_draft_tokens, tree.lookup_tokens))
         self.roots: Optional[torch.Tensor] = None
         self.inputs: Optional[DraftInputs] = None
         self.dcache = None
@@ -120,7 +121,7 @@ class Batch:
         self._drop_finished()
         gen, stats, nb = self.gen, self.stats, len(self.active)
         t0 = time.perf_counter()
-        compiled = gen.compiled_draft
+        compiled = gen.compiled.draft if gen.compiled is not None else None
         if compiled is not None:
             root_logits, root_hidden = compiled.extend(gen.draft, self.dcache, self.inputs, gen.tree)
         else:
@@ -158,8 +159,8 @@ class Batch:
         rows = torch.arange(nb, device=self.device)[:, None]
         accept_local = torch.where(result.accept_index >= 0, result.accept_index - rows * n, -1).long()
         counts = result.accept_length.long() + 1
-        if any(self.mirror):  # a mirror commits one token a round, never outgrowing the row it copies
-            counts = torch.where(torch.tensor(self.mirror, device=self.device), 1, counts)
+        if self.mirror_rows is not None:  # a mirror commits one token a round, never outgrowing the row it copies
+            counts = torch.where(self.mirror_rows, 1, counts)
         self.runner.commit(accept_local, counts)
         m = int(counts.max())
         picked = accept_local[:, :m].clamp(min=0)
@@ -256,10 +257,11 @@ class Batch:
             return
         keep = [row for row, i in enumerate(self.active) if not self.requests[i].finished and not self.mirror[row]]
         self.mirror = [False] * len(keep)
-        if self.gen.compiled_draft is not None and keep:
+        if self.gen.compiled is not None and keep:
             pad = min(len(self.active), 1 << (len(keep) - 1).bit_length()) - len(keep)
             keep = keep + [keep[j % len(keep)] for j in range(pad)]
             self.mirror += [True] * pad
+        self.mirror_rows = torch.tensor(self.mirror, device=self.device) if any(self.mirror) else None
         rows = torch.tensor(keep, device=self.device)
         self.runner.select_rows(rows)
         self.dcache.select_rows(rows)

@@ -52,8 +52,8 @@ def pad_pairs(inputs: DraftInputs, size: int) -> DraftInputs:
 class CompiledDraft(ShapeClock):
     """``extend`` and ``draft_steps`` compiled once per shape (module docstring)."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, device: torch.device):
+        super().__init__(device)
         self._extend = torch.compile(extend, dynamic=False)
         self._steps = torch.compile(draft_steps, dynamic=False)
 

@@ -25,8 +25,8 @@ from ..draft.aux_layers import describe_fix
 from .architecture import check_served
 from .batch import Batch
 from .capture import AuxHiddenCapture
-from .compiled_draft import CompiledDraft, draft_capacity
-from .compiled_verify import CompiledVerify
+from .compiled_draft import draft_capacity
+from .compiled_round import CompiledRound
 from .config import TreeConfig
 from .drafting import draft_cache_capacity
 from .memory import check_fits
@@ -124,8 +124,7 @@ class SpeculativeGenerator:
         self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
         self.strict = strict
         self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
-        self.compiled = CompiledVerify(target) if compile else None
-        self.compiled_draft = CompiledDraft() if compile else None
+        self.compiled = CompiledRound(target) if compile else None
         self._warned_draft_context = False
 
     @classmethod
@@ -254,12 +253,12 @@ class SpeculativeGenerator:
     def draft_cache_slots(self, longest_prompt: int, most_new: int) -> int:
         """The capacity a call's draft cache is allocated with (compiled: rounded up so that
         calls of similar length share the draft's graphs)."""
-        sized = draft_capacity if self.compiled_draft is not None else draft_cache_capacity
+        sized = draft_capacity if self.compiled is not None else draft_cache_capacity
         return sized(self.tree, longest_prompt, most_new)
 
     def _compile_s(self) -> float:
         """Seconds spent compiling so far (compile=True: the verify and the draft graphs)."""
-        return sum(c.compile_s for c in (self.compiled, self.compiled_draft) if c is not None)
+        return self.compiled.compile_s if self.compiled is not None else 0.0
 
     @contextmanager
     def _session(self):
