@@ -40,6 +40,22 @@ TOLERANCES = {
 }
 
 
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+# CPU kernels built for several ISAs (tree_attention: AVX-512, AVX2 + FMA, portable;
+# fused_aux_fc's streaming kernel: AVX-512, AVX2, none) run the widest the CPU has;
+# EAGLE3_CPU_ISA=avx2 or =generic caps the choice, so every build this machine runs is tested.
+CAPPED_BUILDS = [pytest.param("generic", id="generic"),
+                 pytest.param("avx2", id="avx2", marks=pytest.mark.skipif(
+                     not {"avx2", "fma", "f16c"} <= set(cpu_flags()), reason="this CPU has no AVX2 + FMA + F16C"))]
+
+
 def op_error(pattern: str) -> type:
     """The exception an eagle3 op raises for a message: TypeError for a wrong dtype, ValueError
     for any other bad argument (a shape, size, value or device)."""

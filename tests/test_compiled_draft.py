@@ -132,3 +132,31 @@ def test_exponential_race_draws_from_the_draft_distribution():
     biased = torch.bincount((q + sampler.noise[0]).argmax(-1), minlength=vocab).double()
     stat, dof = statistic(biased)
     assert stat > chi_square_bound(dof), f"biased draw passed: chi-square {stat:.1f} with {dof} dof"
+
+def test_later_calls_run_the_graph_of_their_own_model_and_settings():
+    """After a key's first call only the guards that tell graphs apart are evaluated: two drafts
+    of one shape (their weights frozen into their graphs) and two temperatures, interleaved,
+    must each still run their own graph."""
+    tree = TreeConfig.chain(4, sampled=True)
+    b = 2
+    root_logits = torch.randn(b, DRAFT_VOCAB, generator=torch.Generator().manual_seed(6))
+    root_hidden = torch.randn(b, H, generator=torch.Generator().manual_seed(7))
+    seq_lens = torch.full((b,), 40)
+    drafts = {"a": make_draft(seed=5), "b": make_draft(seed=8)}
+    compiled = {name: CompiledDraft("cpu") for name in drafts}
+
+    def run(name, fn, temperature):
+        draft = drafts[name]
+        cache = _primed_cache(draft, b, 128)
+        sampler = DraftSampler(draft, SamplingConfig(temperature=temperature), torch.Generator().manual_seed(3), b,
+                               tree.depth)
+        steps = fn(draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        return [s.tokens for s in steps], torch.stack(sampler.rows)
+
+    with torch.no_grad():
+        for name, temperature in [("a", 0.9), ("b", 0.9), ("a", 1.7), ("a", 0.9), ("b", 1.7), ("b", 0.9),
+                                  ("a", 1.7)]:
+            want_tokens, want_rows = run(name, draft_steps, temperature)
+            got_tokens, got_rows = run(name, compiled[name].steps, temperature)
+            assert all(torch.equal(g, w) for g, w in zip(got_tokens, want_tokens)), (name, temperature)
+            torch.testing.assert_close(got_rows, want_rows, msg=f"draft {name}, temperature {temperature}")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import eagle3_ext
-from conftest import DEVICES, DTYPES, TOLERANCES, op_error
+from conftest import CAPPED_BUILDS, DEVICES, DTYPES, TOLERANCES, op_error
 from eagle3_ext import fused_aux_fc, reference
 
 
@@ -46,6 +46,21 @@ def test_kernel_paths_and_tile_edges(device, dtype, rows):
     # path on CUDA) but not of 16 or 32 (masked tails on CPU).
     aux, weight, b = make_inputs(3, rows, 136, 67, dtype, device)
     check_against_reference(aux, weight, b)
+
+
+@pytest.mark.parametrize("isa", CAPPED_BUILDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 37), (2, 136), (3, 40), (5, 37), (16, 136), (17, 37), (65, 40),
+                                         (130, 37)], ids=lambda v: str(v))
+def test_capped_cpu_builds_match_reference(monkeypatch, isa, dtype, rows, hidden):
+    # Each streaming build the CPU runs (avx2 on an AVX-512 machine too), and ATen's GEMMs
+    # (generic): odd and even row counts around the AVX2 build's 2-row tiles and the 64-row
+    # block, hidden sizes with 8-lane and 16-lane tails, a partial feature tile (67).
+    monkeypatch.setenv("EAGLE3_CPU_ISA", isa)
+    aux, weight, b = make_inputs(3, rows, hidden, 67, dtype, "cpu", seed=rows)
+    check_against_reference(aux, weight, b)
+    aux, weight, _ = make_inputs(1, rows, hidden, 9, dtype, "cpu", bias=False, seed=rows + 1)
+    check_against_reference(aux, weight, None)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import DEVICES, DTYPES, TOLERANCES, op_error
+from conftest import CAPPED_BUILDS, DEVICES, DTYPES, TOLERANCES, op_error
 from eagle3_ext import reference, tree_attention, tree_attention_paged
 
 
@@ -86,19 +86,7 @@ def test_matches_reference(device, dtype, case):
     check(*make_case(lens, n, hq, hkv, d, dtype, device, kind, padding))
 
 
-def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-
-
-# The CPU kernel is compiled for AVX-512, for AVX2 + FMA and portably; EAGLE3_CPU_ISA=avx2 or
-# =generic caps the build the op picks, so every build this machine runs is tested.
-CAPPED_BUILDS = [pytest.param("generic", id="generic"),
-                 pytest.param("avx2", id="avx2", marks=pytest.mark.skipif(
-                     not {"avx2", "fma", "f16c"} <= set(cpu_flags()), reason="this CPU has no AVX2 + FMA + F16C"))]
+# The CPU kernel is compiled for AVX-512, for AVX2 + FMA and portably (CAPPED_BUILDS).
 
 
 @pytest.mark.parametrize("isa", CAPPED_BUILDS)

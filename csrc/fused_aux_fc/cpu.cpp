@@ -15,6 +15,9 @@
 // small activation tile rather than the whole weight (measured 4-17% faster at 32-64 rows,
 // H = 1024 and 4096). The transposed result is the only per-call allocation besides the output.
 #include <array>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -27,11 +30,38 @@
 namespace eagle3::fused_aux_fc {
 namespace {
 
+template <typename scalar_t>
+StreamIsa detect_stream_isa() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") &&
+                      (!std::is_same_v<scalar_t, c10::BFloat16> || __builtin_cpu_supports("avx512bf16"));
+  if (avx512) return StreamIsa::kAvx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    return StreamIsa::kAvx2;
+#endif
+  return StreamIsa::kNone;
+}
+
+}  // namespace
+
+template <typename scalar_t>
+StreamIsa stream_isa() {
+  static const StreamIsa widest = detect_stream_isa<scalar_t>();
+  const char* isa = std::getenv("EAGLE3_CPU_ISA");
+  const std::string_view cap = isa != nullptr ? isa : "";
+  if (cap == "generic") return StreamIsa::kNone;
+  if (cap == "avx2" && widest == StreamIsa::kAvx512) return StreamIsa::kAvx2;
+  return widest;
+}
+
+namespace {
+
 // Output features per parallel task of the streaming kernel.
 constexpr int64_t kStreamGrain = 16;
 
 template <typename scalar_t>
-void run_stream_kernel(const Problem& p, at::Tensor& out) {
+void run_stream_kernel(const Problem& p, at::Tensor& out, StreamIsa isa) {
   using x_type = typename StreamArgs<scalar_t>::x_type;
   const int64_t k = static_cast<int64_t>(p.segments.size());
   // float16 activations are widened once (they are small next to the weight) so the inner
@@ -53,7 +83,11 @@ void run_stream_kernel(const Problem& p, at::Tensor& out) {
     a.hidden = p.hidden;
     a.out_features = p.out_features;
     at::parallel_for(0, p.out_features, kStreamGrain, [&](int64_t begin, int64_t end) {
-      stream_features<scalar_t>(a, begin, end);
+      if (isa == StreamIsa::kAvx512) {
+        stream_features_avx512<scalar_t>(a, begin, end);
+      } else {
+        stream_features_avx2<scalar_t>(a, begin, end);
+      }
     });
   }
 }
@@ -148,8 +182,9 @@ at::Tensor fused_aux_fc_cpu(at::TensorList aux_hidden, const at::Tensor& weight,
   if (p.rows > 0 && p.out_features > 0) {
     bool streamed = false;
     EAGLE3_DISPATCH_FLOAT_TYPES(out.scalar_type(), "fused_aux_fc", [&] {
-      if (p.rows <= kStreamMaxRows<scalar_t> && stream_kernel_supported<scalar_t>()) {
-        run_stream_kernel<scalar_t>(p, out);
+      const StreamIsa isa = stream_isa<scalar_t>();
+      if (isa != StreamIsa::kNone && p.rows <= stream_max_rows<scalar_t>(isa)) {
+        run_stream_kernel<scalar_t>(p, out, isa);
         streamed = true;
       }
     });

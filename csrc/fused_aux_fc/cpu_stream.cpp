@@ -1,101 +1,64 @@
-// The AVX-512 streaming kernel of fused_aux_fc (compiled with AVX-512 flags, see
-// CMakeLists.txt; callers check stream_kernel_supported() first).
-//
-// Work split: the caller hands each thread a range of output features (weight rows). A
-// thread walks them in blocks of kFeatureTile weight rows. For each block it walks the k * H
-// reduction in chunks of kChunk elements; for each chunk it sweeps the activation rows in
-// tiles of kRowTile with a kFeatureTile x kRowTile grid of fp32 vector accumulators in
-// registers (spilled to a small per-block array between chunks). Each weight byte comes from
-// memory once, the chunk stays in L1 while all row tiles use it, and every loaded vector
-// feeds kRowTile (or kFeatureTile) multiply-adds.
+// The AVX-512 build of fused_aux_fc's streaming kernel (cpu_stream_impl.h; compiled with
+// AVX-512 flags, see CMakeLists.txt; the op checks stream_isa() first).
 // bfloat16 uses the AVX512-BF16 dot product (exact products, fp32 sums); float16 widens to
 // fp32 on load; all three dtypes accumulate in fp32.
-#include "fused_aux_fc/cpu_stream.h"
-
 #include <immintrin.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include "fused_aux_fc/cpu_stream_impl.h"
 
 namespace eagle3::fused_aux_fc {
 namespace {
 
-// Scalar conversions written here on the raw bits rather than through c10's inline operators:
-// this file is compiled with AVX-512 flags, and an inline function emitted here could be the
-// copy the linker keeps for every other file too.
-inline float to_float(float v) { return v; }
-inline float to_float(c10::Half v) { return _cvtsh_ss(v.x); }
-inline float to_float(c10::BFloat16 v) {
-  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-template <typename scalar_t>
-inline scalar_t from_float(float v) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
-    return c10::Half(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT), c10::Half::from_bits());
-  } else {
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof(bits));
-    // Round to nearest even; NaN stays a quiet NaN.
-    const uint16_t out = std::isnan(v) ? uint16_t{0x7fc0}
-                                       : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-    return c10::BFloat16(out, c10::BFloat16::from_bits());
-  }
-}
-
-
 // One vector step of the reduction for each dtype: how many hidden elements it covers, how
 // to load a (masked) step of weights and activations, and the multiply-add.
 template <typename scalar_t>
-struct Step;
+struct Step512;
 
 template <>
-struct Step<float> {
+struct Step512<float> {
   using Acc = __m512;
   static constexpr int64_t kWidth = 16;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 4;
   using W = __m512;
   using X = __m512;
+  using Mask = __mmask16;
   static W load_w(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
   static X load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
   static Acc fma(Acc acc, W w, X x) { return _mm512_fmadd_ps(w, x, acc); }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static float reduce(Acc v) { return _mm512_reduce_add_ps(v); }
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 };
 
 template <>
-struct Step<c10::Half> {
+struct Step512<c10::Half> {
   using Acc = __m512;
   static constexpr int64_t kWidth = 16;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 4;
   using W = __m512;
   using X = __m512;
+  using Mask = __mmask16;
   static W load_w(const c10::Half* p, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
   }
   static X load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
   static Acc fma(Acc acc, W w, X x) { return _mm512_fmadd_ps(w, x, acc); }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static float reduce(Acc v) { return _mm512_reduce_add_ps(v); }
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 };
 
 template <>
-struct Step<c10::BFloat16> {
+struct Step512<c10::BFloat16> {
   using Acc = __m512;
   static constexpr int64_t kWidth = 32;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 4;
   using W = __m512bh;
   using X = __m512bh;
+  using Mask = __mmask32;
   static W load_w(const c10::BFloat16* p, __mmask32 m) {
     return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
   }
@@ -103,95 +66,22 @@ struct Step<c10::BFloat16> {
     return (__m512bh)_mm512_maskz_loadu_epi16(m, p);
   }
   static Acc fma(Acc acc, W w, X x) { return _mm512_dpbf16_ps(acc, w, x); }
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static float reduce(Acc v) { return _mm512_reduce_add_ps(v); }
   static __mmask32 mask(int64_t n) {
     return static_cast<__mmask32>(n >= 32 ? 0xffffffffu : ((1u << n) - 1u));
   }
 };
 
-// Hidden elements per chunk: a chunk of kFeatureTile weight rows plus the activation rows
-// stays in L1 while every row tile passes over it, so L2 serves each weight byte once.
-constexpr int64_t kChunk = 512;
-
-// Adds the products over hidden [h0, h1) of segment s to acc[f][row0 + r].
-template <typename scalar_t, int64_t kF, int64_t kR>
-inline void tile_chunk(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0, int64_t s,
-                       int64_t h0, int64_t h1, __m512 (*acc)[kStreamRowsCap]) {
-  using S = Step<scalar_t>;
-  using XT = typename StreamArgs<scalar_t>::x_type;
-  __m512 v[kF][kR];
-  for (int64_t f = 0; f < kF; ++f)
-    for (int64_t r = 0; r < kR; ++r) v[f][r] = acc[f][row0 + r];
-  const scalar_t* w = a.weight + n0 * a.w_stride + s * a.hidden;
-  const XT* x = a.x[s] + row0 * a.x_stride[s];
-  const auto full = S::mask(S::kWidth);
-  for (int64_t h = h0; h < h1; h += S::kWidth) {
-    const auto m = h + S::kWidth <= h1 ? full : S::mask(h1 - h);
-    typename S::W wv[kF];
-    for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * a.w_stride + h, m);
-    for (int64_t r = 0; r < kR; ++r) {
-      const typename S::X xv = S::load_x(x + r * a.x_stride[s] + h, m);
-      for (int64_t f = 0; f < kF; ++f) v[f][r] = S::fma(v[f][r], wv[f], xv);
-    }
-  }
-  for (int64_t f = 0; f < kF; ++f)
-    for (int64_t r = 0; r < kR; ++r) acc[f][row0 + r] = v[f][r];
-}
-
-// Computes out[:, n0 : n0 + kF] over all k segments, chunk by chunk of hidden.
-template <typename scalar_t, int64_t kF>
-void feature_block(const StreamArgs<scalar_t>& a, int64_t n0) {
-  constexpr int64_t kRowTile = Step<scalar_t>::kRowTile;
-  __m512 acc[kF][kStreamRowsCap];
-  for (int64_t f = 0; f < kF; ++f)
-    for (int64_t r = 0; r < a.rows; ++r) acc[f][r] = _mm512_setzero_ps();
-  for (int64_t s = 0; s < a.k; ++s) {
-    for (int64_t h0 = 0; h0 < a.hidden; h0 += kChunk) {
-      const int64_t h1 = std::min(a.hidden, h0 + kChunk);
-      int64_t row = 0;
-      for (; row + kRowTile <= a.rows; row += kRowTile)
-        tile_chunk<scalar_t, kF, kRowTile>(a, n0, row, s, h0, h1, acc);
-      switch (a.rows - row) {
-        case 3: tile_chunk<scalar_t, kF, 3>(a, n0, row, s, h0, h1, acc); break;
-        case 2: tile_chunk<scalar_t, kF, 2>(a, n0, row, s, h0, h1, acc); break;
-        case 1: tile_chunk<scalar_t, kF, 1>(a, n0, row, s, h0, h1, acc); break;
-        default: break;
-      }
-    }
-  }
-  for (int64_t f = 0; f < kF; ++f) {
-    const float b = a.bias ? to_float(a.bias[n0 + f]) : 0.f;
-    for (int64_t r = 0; r < a.rows; ++r)
-      a.out[r * a.out_features + n0 + f] = from_float<scalar_t>(_mm512_reduce_add_ps(acc[f][r]) + b);
-  }
-}
-
 }  // namespace
 
 template <typename scalar_t>
-bool stream_kernel_supported() {
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
-    return avx512 && __builtin_cpu_supports("avx512bf16");
-  }
-  return avx512;
+void stream_features_avx512(const StreamArgs<scalar_t>& a, int64_t feature_begin, int64_t feature_end) {
+  stream_feature_range<Step512<scalar_t>>(a, feature_begin, feature_end);
 }
 
-template <typename scalar_t>
-void stream_features(const StreamArgs<scalar_t>& a, int64_t feature_begin, int64_t feature_end) {
-  int64_t n = feature_begin;
-  constexpr int64_t kFeatureTile = Step<scalar_t>::kFeatureTile;
-  for (; n + kFeatureTile <= feature_end; n += kFeatureTile)
-    feature_block<scalar_t, kFeatureTile>(a, n);
-  for (; n < feature_end; ++n) feature_block<scalar_t, 1>(a, n);
-}
-
-#define EAGLE3_INSTANTIATE(T)                         \
-  template bool stream_kernel_supported<T>();        \
-  template void stream_features<T>(const StreamArgs<T>&, int64_t, int64_t);
-EAGLE3_INSTANTIATE(float)
-EAGLE3_INSTANTIATE(c10::Half)
-EAGLE3_INSTANTIATE(c10::BFloat16)
-#undef EAGLE3_INSTANTIATE
+template void stream_features_avx512<float>(const StreamArgs<float>&, int64_t, int64_t);
+template void stream_features_avx512<c10::Half>(const StreamArgs<c10::Half>&, int64_t, int64_t);
+template void stream_features_avx512<c10::BFloat16>(const StreamArgs<c10::BFloat16>&, int64_t, int64_t);
 
 }  // namespace eagle3::fused_aux_fc

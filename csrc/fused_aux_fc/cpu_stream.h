@@ -16,15 +16,23 @@ namespace eagle3::fused_aux_fc {
 // problems in blocks of this many rows (the weight is then read once per block).
 inline constexpr int64_t kStreamRowsCap = 64;
 
-// Up to this many rows the streaming kernel beats ATen's GEMMs (measured on an AVX512-BF16
-// CPU): bf16 GEMMs use the same dot-product instructions with better blocking from ~24 rows
-// on; fp32 GEMMs catch up around 64 rows; ATen has no fast fp16 GEMM on such CPUs, so the
-// kernel (fp16 widened to fp32 FMAs) is faster at any size.
+// Up to this many rows the AVX-512 build beats ATen's GEMMs (measured on an AVX512-BF16 CPU):
+// bf16 GEMMs use the same dot-product instructions with better blocking from ~24 rows on; fp32
+// GEMMs catch up around 64 rows; ATen has no fast fp16 GEMM on such CPUs, so the kernel (fp16
+// widened to fp32 FMAs) is faster at any size.
 template <typename scalar_t>
 inline constexpr int64_t kStreamMaxRows =
     std::is_same_v<scalar_t, c10::BFloat16> ? 24
     : std::is_same_v<scalar_t, float>       ? kStreamRowsCap
                                             : std::numeric_limits<int64_t>::max();
+
+// The same for the AVX2 build (measured on a 2-core AVX2 CPU without AVX-512, bundled draft's
+// shape, see cpu_stream_avx2.cpp): ATen's half-precision GEMMs there re-block the weight on
+// every call, so the kernel wins at any size it was measured at; ATen's fp32 GEMM catches up
+// from about 16 rows on (half-precision, 1-128 rows: 2-5x faster than ATen).
+template <typename scalar_t>
+inline constexpr int64_t kStreamMaxRowsAvx2 =
+    std::is_same_v<scalar_t, float> ? 16 : std::numeric_limits<int64_t>::max();
 
 template <typename scalar_t>
 struct StreamArgs {
@@ -42,12 +50,26 @@ struct StreamArgs {
   int64_t out_features = 0;
 };
 
-// True when this CPU has the instructions the kernel needs for scalar_t.
-template <typename scalar_t>
-bool stream_kernel_supported();
+// The streaming builds; `None`: this CPU runs neither (the op uses ATen's GEMMs).
+enum class StreamIsa { kNone, kAvx2, kAvx512 };
 
-// Computes output features [feature_begin, feature_end) for all rows (rows <= kStreamRowsCap).
+// The widest build this CPU runs for scalar_t (AVX-512 needs AVX512-BF16 for bf16; AVX2 needs
+// FMA and F16C). EAGLE3_CPU_ISA=avx2 or =generic caps the choice, as for tree_attention (read
+// per call, so a test covers every build the machine runs in one process).
 template <typename scalar_t>
-void stream_features(const StreamArgs<scalar_t>& args, int64_t feature_begin, int64_t feature_end);
+StreamIsa stream_isa();
+
+// The most rows `isa`'s build takes in one call for scalar_t before ATen's GEMMs are faster.
+template <typename scalar_t>
+int64_t stream_max_rows(StreamIsa isa) {
+  return isa == StreamIsa::kAvx512 ? kStreamMaxRows<scalar_t> : isa == StreamIsa::kAvx2 ? kStreamMaxRowsAvx2<scalar_t> : 0;
+}
+
+// Output features [feature_begin, feature_end) for all rows (rows <= kStreamRowsCap), by each
+// build (cpu_stream.cpp, cpu_stream_avx2.cpp).
+template <typename scalar_t>
+void stream_features_avx512(const StreamArgs<scalar_t>& args, int64_t feature_begin, int64_t feature_end);
+template <typename scalar_t>
+void stream_features_avx2(const StreamArgs<scalar_t>& args, int64_t feature_begin, int64_t feature_end);
 
 }  // namespace eagle3::fused_aux_fc

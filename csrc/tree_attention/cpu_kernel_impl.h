@@ -70,21 +70,23 @@ inline uint32_t float_to_bits(float f) {
 
 // 2^x for x <= 0 (softmax arguments): round to the nearest integer n, 2^(x - n) by a degree-6
 // polynomial on [-0.5, 0.5] (relative error ~1e-7), 2^n through the exponent bits. Below -126
-// the result is exactly 0, so masked (-inf) scores give exactly 0.
+// the result is exactly 0, so masked (-inf) scores give exactly 0. The coefficients, highest
+// degree first, are shared by every build's version (exp2_8 below) so that they cannot drift.
+constexpr float kExp2Floor = -127.f;  // 2^n with n = -127 gives the +0.0 bit pattern
+constexpr float kExp2Poly[7] = {1.5403530393381608e-4f, 1.3333558146428443e-3f, 9.618129107628477e-3f,
+                                5.550410866482158e-2f,  2.402265069591007e-1f,  6.931471805599453e-1f,
+                                1.f};
+
 __attribute__((always_inline)) inline vf exp2v(vf x) {
-  const vf lo = splat(-127.f);
+  const vf lo = splat(kExp2Floor);
   x = x < lo ? lo : x;
   const vf half = x < splat(0.f) ? splat(-0.5f) : splat(0.5f);
   const vi n = __builtin_convertvector(x + half, vi);  // truncation: round half away from 0
   const vf f = x - __builtin_convertvector(n, vf);
-  vf p = splat(1.5403530393381608e-4f);
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.618129107628477e-3f;
-  p = p * f + 5.550410866482158e-2f;
-  p = p * f + 2.402265069591007e-1f;
-  p = p * f + 6.931471805599453e-1f;
-  p = p * f + 1.f;
-  const vi bits = (n + 127) << 23;  // n = -127 gives 0 (the +0.0 pattern)
+  vf p = splat(kExp2Poly[0]);
+#pragma GCC unroll 6
+  for (int i = 1; i < 7; ++i) p = p * f + kExp2Poly[i];
+  const vi bits = (n + 127) << 23;
   return p * (vf)bits;
 }
 
@@ -385,18 +387,14 @@ __attribute__((always_inline)) inline void pv_tile(const float* p, int64_t ldp, 
 #ifdef EAGLE3_TREE_AVX2
 // exp2v on 8 lanes (the same rounding, polynomial and exponent bits).
 __attribute__((always_inline)) inline __m256 exp2_8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-127.f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExp2Floor));
   const __m256 negative = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
   const __m256 half = _mm256_blendv_ps(_mm256_set1_ps(0.5f), _mm256_set1_ps(-0.5f), negative);
   const __m256i n = _mm256_cvttps_epi32(_mm256_add_ps(x, half));
   const __m256 f = _mm256_sub_ps(x, _mm256_cvtepi32_ps(n));
-  __m256 p = _mm256_set1_ps(1.5403530393381608e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+#pragma GCC unroll 6
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }

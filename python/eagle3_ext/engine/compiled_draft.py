@@ -64,12 +64,12 @@ class CompiledDraft(ShapeClock):
         if size is None:  # the prompt's pairs, once per call
             return extend(draft, cache, inputs)
         cache.check_room(size)
-        shape = ("extend", cache.batch_size, size, cache.capacity)
-        return self.call(shape, self._extend, draft, cache, pad_pairs(inputs, size))
+        key = ("extend", cache.batch_size, size, cache.capacity)
+        return self.call(key, self._extend, draft, cache, pad_pairs(inputs, size))
 
     def steps(self, draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,
               root_hidden: torch.Tensor, seq_lens: torch.Tensor, tree: TreeConfig,
               sampler: Optional[DraftSampler]):
         cache.check_room((tree.depth - 1) * tree.topk)
-        shape = ("steps", cache.batch_size, tree.depth, tree.topk, sampler is None, cache.capacity)
-        return self.call(shape, self._steps, draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        key = ("steps", cache.batch_size, tree, None if sampler is None else sampler.sampling, cache.capacity)
+        return self.call(key, self._steps, draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)

@@ -90,6 +90,8 @@ class TargetRunner:
         # tensor, the largest allocation of a long prompt.
         out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                             logits_to_keep=1)
+        if self.compiled is not None:
+            self.compiled.unmark_static(self.cache)   # its tensors were allocated by this forward
         self.seq_lens = attention_mask.long().sum(-1)
         pads = input_ids.shape[1] - self.seq_lens
         if bool((pads > 0).any()):

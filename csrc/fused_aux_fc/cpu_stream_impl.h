@@ -1,0 +1,126 @@
+// The body of fused_aux_fc's CPU streaming kernel, written once over a vector Step (see the
+// two builds: cpu_stream.cpp for AVX-512, cpu_stream_avx2.cpp for AVX2 + FMA). Each build
+// includes this header in an anonymous namespace of its own, compiled with its own flags.
+//
+// Work split: the caller hands each thread a range of output features (weight rows). A
+// thread walks them in blocks of kFeatureTile weight rows. For each block it walks the k * H
+// reduction in chunks of kChunk elements; for each chunk it sweeps the activation rows in
+// tiles of kRowTile with a kFeatureTile x kRowTile grid of fp32 vector accumulators in
+// registers (spilled to a small per-block array between chunks). Each weight byte comes from
+// memory once, the chunk stays in L1 while all row tiles use it, and every loaded vector
+// feeds kRowTile (or kFeatureTile) multiply-adds.
+//
+// A Step<scalar_t> gives: Acc (fp32 accumulator vector), W / X (loaded weight / activation
+// vectors), kWidth (hidden elements per step), kFeatureTile, kRowTile, Mask with mask(n)
+// (the first n of kWidth lanes), load_w / load_x (zero beyond the mask), fma, zero and
+// reduce (horizontal sum).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include "fused_aux_fc/cpu_stream.h"
+
+namespace eagle3::fused_aux_fc {
+namespace {
+
+// Scalar conversions written here on the raw bits rather than through c10's inline operators:
+// the including file is compiled with ISA flags, and an inline function emitted there could be
+// the copy the linker keeps for every other file too.
+inline float to_float(float v) { return v; }
+inline float to_float(c10::Half v) { return _cvtsh_ss(v.x); }
+inline float to_float(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename scalar_t>
+inline scalar_t from_float(float v) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+    return c10::Half(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT), c10::Half::from_bits());
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    // Round to nearest even; NaN stays a quiet NaN.
+    const uint16_t out = std::isnan(v) ? uint16_t{0x7fc0}
+                                       : static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    return c10::BFloat16(out, c10::BFloat16::from_bits());
+  }
+}
+
+// Hidden elements per chunk: a chunk of kFeatureTile weight rows plus the activation rows
+// stays in L1 while every row tile passes over it, so L2 serves each weight byte once.
+constexpr int64_t kChunk = 512;
+
+// Adds the products over hidden [h0, h1) of segment s to acc[f][row0 + r].
+template <typename S, typename scalar_t, int64_t kF, int64_t kR>
+inline void tile_chunk(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0, int64_t s, int64_t h0, int64_t h1,
+                       typename S::Acc (*acc)[kStreamRowsCap]) {
+  using XT = typename StreamArgs<scalar_t>::x_type;
+  typename S::Acc v[kF][kR];
+  for (int64_t f = 0; f < kF; ++f)
+    for (int64_t r = 0; r < kR; ++r) v[f][r] = acc[f][row0 + r];
+  const scalar_t* w = a.weight + n0 * a.w_stride + s * a.hidden;
+  const XT* x = a.x[s] + row0 * a.x_stride[s];
+  const auto full = S::mask(S::kWidth);
+  for (int64_t h = h0; h < h1; h += S::kWidth) {
+    const auto m = h + S::kWidth <= h1 ? full : S::mask(h1 - h);
+    typename S::W wv[kF];
+    for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * a.w_stride + h, m);
+    for (int64_t r = 0; r < kR; ++r) {
+      const typename S::X xv = S::load_x(x + r * a.x_stride[s] + h, m);
+      for (int64_t f = 0; f < kF; ++f) v[f][r] = S::fma(v[f][r], wv[f], xv);
+    }
+  }
+  for (int64_t f = 0; f < kF; ++f)
+    for (int64_t r = 0; r < kR; ++r) acc[f][row0 + r] = v[f][r];
+}
+
+// Computes out[:, n0 : n0 + kF] over all k segments, chunk by chunk of hidden.
+template <typename S, typename scalar_t, int64_t kF>
+void feature_block(const StreamArgs<scalar_t>& a, int64_t n0) {
+  constexpr int64_t kRowTile = S::kRowTile;
+  static_assert(kRowTile <= 4, "the remainder rows below are dispatched for tiles of up to 4 rows");
+  typename S::Acc acc[kF][kStreamRowsCap];
+  for (int64_t f = 0; f < kF; ++f)
+    for (int64_t r = 0; r < a.rows; ++r) acc[f][r] = S::zero();
+  for (int64_t s = 0; s < a.k; ++s) {
+    for (int64_t h0 = 0; h0 < a.hidden; h0 += kChunk) {
+      const int64_t h1 = std::min(a.hidden, h0 + kChunk);
+      int64_t row = 0;
+      for (; row + kRowTile <= a.rows; row += kRowTile) tile_chunk<S, scalar_t, kF, kRowTile>(a, n0, row, s, h0, h1, acc);
+      switch (a.rows - row) {  // fewer than kRowTile rows left
+        case 3: tile_chunk<S, scalar_t, kF, 3>(a, n0, row, s, h0, h1, acc); break;
+        case 2: tile_chunk<S, scalar_t, kF, 2>(a, n0, row, s, h0, h1, acc); break;
+        case 1: tile_chunk<S, scalar_t, kF, 1>(a, n0, row, s, h0, h1, acc); break;
+        default: break;
+      }
+    }
+  }
+  for (int64_t f = 0; f < kF; ++f) {
+    const float b = a.bias ? to_float(a.bias[n0 + f]) : 0.f;
+    for (int64_t r = 0; r < a.rows; ++r)
+      a.out[r * a.out_features + n0 + f] = from_float<scalar_t>(S::reduce(acc[f][r]) + b);
+  }
+}
+
+// Output features [feature_begin, feature_end) for all rows, in blocks of kFeatureTile.
+template <typename S, typename scalar_t>
+void stream_feature_range(const StreamArgs<scalar_t>& a, int64_t feature_begin, int64_t feature_end) {
+  int64_t n = feature_begin;
+  constexpr int64_t kFeatureTile = S::kFeatureTile;
+  for (; n + kFeatureTile <= feature_end; n += kFeatureTile) feature_block<S, scalar_t, kFeatureTile>(a, n);
+  for (; n < feature_end; ++n) feature_block<S, scalar_t, 1>(a, n);
+}
+
+}  // namespace
+}  // namespace eagle3::fused_aux_fc
