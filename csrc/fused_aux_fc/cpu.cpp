@@ -15,14 +15,13 @@
 // small activation tile rather than the whole weight (measured 4-17% faster at 32-64 rows,
 // H = 1024 and 4096). The transposed result is the only per-call allocation besides the output.
 #include <array>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "common/cpu_isa.h"
 #include "common/dispatch.h"
 #include "fused_aux_fc/cpu_stream.h"
 #include "fused_aux_fc/inputs.h"
@@ -30,38 +29,37 @@
 namespace eagle3::fused_aux_fc {
 namespace {
 
+// The widest streaming build this CPU runs for scalar_t (AVX-512 needs AVX512-BF16 for bf16).
 template <typename scalar_t>
-StreamIsa detect_stream_isa() {
+CpuIsa widest_stream_isa() {
 #if defined(__x86_64__) || defined(_M_X64)
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") &&
                       (!std::is_same_v<scalar_t, c10::BFloat16> || __builtin_cpu_supports("avx512bf16"));
-  if (avx512) return StreamIsa::kAvx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return StreamIsa::kAvx2;
+  if (avx512) return CpuIsa::kAvx512;
 #endif
-  return StreamIsa::kNone;
+  return cpu_has_avx2() ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
 }
 
-}  // namespace
-
+// The build to run: the widest, capped by EAGLE3_CPU_ISA (common/cpu_isa.h); kGeneric: none,
+// the op uses ATen's GEMMs.
 template <typename scalar_t>
-StreamIsa stream_isa() {
-  static const StreamIsa widest = detect_stream_isa<scalar_t>();
-  const char* isa = std::getenv("EAGLE3_CPU_ISA");
-  const std::string_view cap = isa != nullptr ? isa : "";
-  if (cap == "generic") return StreamIsa::kNone;
-  if (cap == "avx2" && widest == StreamIsa::kAvx512) return StreamIsa::kAvx2;
-  return widest;
+CpuIsa stream_isa() {
+  static const CpuIsa widest = widest_stream_isa<scalar_t>();
+  return capped_isa(widest);
 }
 
-namespace {
+// The most rows `isa`'s build takes in one call for scalar_t before ATen's GEMMs are faster.
+template <typename scalar_t>
+int64_t stream_max_rows(CpuIsa isa) {
+  return isa == CpuIsa::kAvx512 ? kStreamMaxRows<scalar_t> : isa == CpuIsa::kAvx2 ? kStreamMaxRowsAvx2<scalar_t> : 0;
+}
 
 // Output features per parallel task of the streaming kernel.
 constexpr int64_t kStreamGrain = 16;
 
 template <typename scalar_t>
-void run_stream_kernel(const Problem& p, at::Tensor& out, StreamIsa isa) {
+void run_stream_kernel(const Problem& p, at::Tensor& out, CpuIsa isa) {
   using x_type = typename StreamArgs<scalar_t>::x_type;
   const int64_t k = static_cast<int64_t>(p.segments.size());
   // float16 activations are widened once (they are small next to the weight) so the inner
@@ -83,7 +81,7 @@ void run_stream_kernel(const Problem& p, at::Tensor& out, StreamIsa isa) {
     a.hidden = p.hidden;
     a.out_features = p.out_features;
     at::parallel_for(0, p.out_features, kStreamGrain, [&](int64_t begin, int64_t end) {
-      if (isa == StreamIsa::kAvx512) {
+      if (isa == CpuIsa::kAvx512) {
         stream_features_avx512<scalar_t>(a, begin, end);
       } else {
         stream_features_avx2<scalar_t>(a, begin, end);
@@ -182,8 +180,8 @@ at::Tensor fused_aux_fc_cpu(at::TensorList aux_hidden, const at::Tensor& weight,
   if (p.rows > 0 && p.out_features > 0) {
     bool streamed = false;
     EAGLE3_DISPATCH_FLOAT_TYPES(out.scalar_type(), "fused_aux_fc", [&] {
-      const StreamIsa isa = stream_isa<scalar_t>();
-      if (isa != StreamIsa::kNone && p.rows <= stream_max_rows<scalar_t>(isa)) {
+      const CpuIsa isa = stream_isa<scalar_t>();
+      if (isa != CpuIsa::kGeneric && p.rows <= stream_max_rows<scalar_t>(isa)) {
         run_stream_kernel<scalar_t>(p, out, isa);
         streamed = true;
       }

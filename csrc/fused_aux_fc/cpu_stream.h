@@ -50,21 +50,6 @@ struct StreamArgs {
   int64_t out_features = 0;
 };
 
-// The streaming builds; `None`: this CPU runs neither (the op uses ATen's GEMMs).
-enum class StreamIsa { kNone, kAvx2, kAvx512 };
-
-// The widest build this CPU runs for scalar_t (AVX-512 needs AVX512-BF16 for bf16; AVX2 needs
-// FMA and F16C). EAGLE3_CPU_ISA=avx2 or =generic caps the choice, as for tree_attention (read
-// per call, so a test covers every build the machine runs in one process).
-template <typename scalar_t>
-StreamIsa stream_isa();
-
-// The most rows `isa`'s build takes in one call for scalar_t before ATen's GEMMs are faster.
-template <typename scalar_t>
-int64_t stream_max_rows(StreamIsa isa) {
-  return isa == StreamIsa::kAvx512 ? kStreamMaxRows<scalar_t> : isa == StreamIsa::kAvx2 ? kStreamMaxRowsAvx2<scalar_t> : 0;
-}
-
 // Output features [feature_begin, feature_end) for all rows (rows <= kStreamRowsCap), by each
 // build (cpu_stream.cpp, cpu_stream_avx2.cpp).
 template <typename scalar_t>

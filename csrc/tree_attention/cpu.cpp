@@ -9,13 +9,12 @@
 // cache positions (KV splits with fp32 partials merged by log-sum-exp).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "common/cpu_isa.h"
 #include "tree_attention/cpu_kernel.h"
 #include "tree_attention/inputs.h"
 
@@ -29,20 +28,21 @@ constexpr int64_t kScratchAlign = 16;  // floats (64 bytes)
 
 using TaskRunner = void (*)(const cpu::Params&, const cpu::Task&, float*);
 
-// The widest build the CPU runs: AVX-512 (AVX-512F), then AVX2 (AVX2 + FMA), then the portable
-// one. EAGLE3_CPU_ISA=avx2 or =generic caps the choice (read per call, so a test can cover
-// every build the machine runs in one process).
+// The widest build the CPU runs: AVX-512 (AVX-512F), then AVX2, then the portable one, capped
+// by EAGLE3_CPU_ISA (common/cpu_isa.h).
 TaskRunner pick_task_runner() {
 #if defined(__x86_64__) || defined(_M_X64)
-  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
-  static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const char* isa = std::getenv("EAGLE3_CPU_ISA");
-  const std::string_view cap = isa != nullptr ? isa : "";
-  if (cap == "generic") return &cpu::run_task_generic;
-  if (has_avx512 && cap != "avx2") return &cpu::run_task_avx512;
-  if (has_avx2) return &cpu::run_task_avx2;
+  static const CpuIsa widest = __builtin_cpu_supports("avx512f") ? CpuIsa::kAvx512
+                               : cpu_has_avx2()                  ? CpuIsa::kAvx2
+                                                                 : CpuIsa::kGeneric;
+#else
+  static const CpuIsa widest = CpuIsa::kGeneric;
 #endif
-  return &cpu::run_task_generic;
+  switch (capped_isa(widest)) {
+    case CpuIsa::kAvx512: return &cpu::run_task_avx512;
+    case CpuIsa::kAvx2: return &cpu::run_task_avx2;
+    default: return &cpu::run_task_generic;
+  }
 }
 
 cpu::DType kernel_dtype(at::ScalarType t) {
