@@ -57,9 +57,6 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     first = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
     assert first.new_tokens == expected
     assert first.stats.compile_time_s > 0
-    for prompt, want in zip(PROMPTS, expected):
-        out = gen.generate(prompt, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
-        assert out.new_tokens == [want]
     again = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
     assert again.new_tokens == expected
     assert again.stats.compile_time_s == 0  # the same shapes: nothing compiled a second time

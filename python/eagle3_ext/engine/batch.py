@@ -22,7 +22,7 @@ import torch
 from ..tree import DraftTree, graft_chains, verify_greedy, verify_sampling, verify_sampling_draft_probs
 from .acceptance_bound import acceptance_bound
 from .config import filtered_probs
-from .drafting import DraftInputs, DraftSampler, build_tree, candidate_scores, draft_steps, extend
+from .drafting import DraftInputs, DraftSampler, build_tree, candidate_scores, draft_steps, extend_eager
 from .lookup import NgramLookup, draft_nodes_to_keep
 from .processors import process_next, process_tree
 from .settings import GenerateSettings
@@ -125,7 +125,7 @@ class Batch:
         if compiled is not None:
             root_logits, root_hidden = compiled.extend(gen.draft, self.dcache, self.inputs, gen.tree)
         else:
-            root_logits, root_hidden = extend(gen.draft, self.dcache, self.inputs)
+            root_logits, root_hidden = extend_eager(gen.draft, self.dcache, self.inputs)
         sampler = None
         if gen.tree.sampled and not self.settings.sampling.greedy:
             sampler = DraftSampler(gen.draft, self.settings.sampling, self.rng, nb, gen.tree.depth)

@@ -21,7 +21,7 @@ from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
 from .compiled_verify import ShapeClock, round_capacity
 from .config import TreeConfig
-from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend
+from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend, extend_eager
 
 
 def draft_capacity(tree: TreeConfig, longest_prompt: int, most_new: int) -> int:
@@ -62,7 +62,7 @@ class CompiledDraft(ShapeClock):
         n = inputs.tokens.shape[1]
         size = next((s for s in pairs_sizes(tree) if s >= n), None)
         if size is None:  # the prompt's pairs, once per call
-            return extend(draft, cache, inputs)
+            return extend_eager(draft, cache, inputs)
         cache.check_room(size)
         key = ("extend", cache.batch_size, size, cache.capacity)
         return self.call(key, self._extend, draft, cache, pad_pairs(inputs, size))

@@ -24,6 +24,7 @@ from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
 from ..tree import DraftStep, DraftTree, build_draft_tree, expand_frontier
 from .config import SamplingConfig, TreeConfig, filtered_probs
+from .half_gemm import float32_gemms
 
 
 @dataclass
@@ -96,6 +97,13 @@ def extend(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs):
     out = draft(inputs.tokens, inputs.features, inputs.positions, cache=cache, output_index=last)
     cache.keep(torch.arange(n, device=inputs.tokens.device).expand(b, n), inputs.counts)
     return out.logits[:, 0], out.hidden[:, 0]
+
+
+def extend_eager(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs):
+    """``extend`` outside a graph; many pairs (the prompt's) multiply in float32 where the draft's
+    half precision has no native GEMM (engine/half_gemm.py)."""
+    with float32_gemms(draft.fc.weight.device, draft.fc.weight.dtype, inputs.tokens.numel()):
+        return extend(draft, cache, inputs)
 
 
 def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,

@@ -30,6 +30,7 @@ import torch
 from ..tree import DraftTree
 from .capture import AuxHiddenCapture
 from .compiled_verify import CompiledVerify
+from .half_gemm import float32_gemms
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -88,8 +89,10 @@ class TargetRunner:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         # Only the last position's logits pick the first token: the rest would be a [B, L, V]
         # tensor, the largest allocation of a long prompt.
-        out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            logits_to_keep=1)
+        weight = self.model.get_input_embeddings().weight
+        with float32_gemms(weight.device, weight.dtype, input_ids.numel()):
+            out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                                logits_to_keep=1)
         if self.compiled is not None:
             self.compiled.unmark_static(self.cache)   # its tensors were allocated by this forward
         self.seq_lens = attention_mask.long().sum(-1)
