@@ -118,7 +118,7 @@ def test_guard_stops_a_shifted_capture_before_any_draft_step(trained, monkeypatc
     d, target, tok = trained
     import eagle3_ext.engine.batch as batch
     steps = []
-    monkeypatch.setattr(batch, "extend", lambda *a, **k: steps.append(1))
+    monkeypatch.setattr(batch, "extend_eager", lambda *a, **k: steps.append(1))
     gen = SpeculativeGenerator(target, _shifted_draft(d, target, 1), tokenizer=tok)
     with pytest.raises(CaptureMismatchError) as e:
         gen.generate("def f", max_new_tokens=4)

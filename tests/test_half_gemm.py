@@ -115,3 +115,19 @@ def test_the_prefill_and_the_prompt_pass_of_the_draft_run_their_projections_in_f
     with spy:
         extend_eager(draft, cache, inputs)
     assert spy.seen.count(torch.float32) >= 7
+
+
+def test_gemm_dtype_and_the_roofline_matmul_rate(no_native):
+    """The roofline's matmul rate is the hardware's limit: for bf16 on a CPU without a native
+    GEMM, the float32 units' rate."""
+    from eagle3_ext.engine.roofline import measure_machine
+
+    cpu = torch.device("cpu")
+    assert half_gemm.gemm_dtype(cpu, torch.bfloat16) == torch.float32
+    assert half_gemm.gemm_dtype(cpu, torch.float16) == torch.float32
+    assert half_gemm.gemm_dtype(cpu, torch.float32) == torch.float32
+    assert half_gemm.gemm_dtype(torch.device("cuda"), torch.bfloat16) == torch.bfloat16
+    spy = GemmDtypes()
+    with spy:
+        measure_machine(torch.bfloat16)
+    assert spy.seen and set(spy.seen) == {torch.float32}

@@ -48,11 +48,18 @@ class _Float32Gemms(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a product of ``dtype`` operands is best computed in on ``device``: float32 for
+    half precision on a CPU without a native GEMM for it, else ``dtype`` itself."""
+    if torch.device(device).type == "cpu" and dtype in HALF and not native_half_gemm(dtype):
+        return torch.float32
+    return dtype
+
+
 def float32_gemms(device: torch.device, dtype: torch.dtype, rows: int):
     """A context in which half-precision ``F.linear`` of ``MIN_ROWS`` rows or more runs in float32
     (module docstring), for forwards of about ``rows`` rows in ``dtype`` on ``device`` that has no
     native GEMM for it; elsewhere a no-op (the mode's own cost falls on every op it sees)."""
-    if (rows >= MIN_ROWS and torch.device(device).type == "cpu" and dtype in HALF
-            and not native_half_gemm(dtype)):
+    if rows >= MIN_ROWS and dtype != gemm_dtype(device, dtype):
         return _Float32Gemms()
     return contextlib.nullcontext()

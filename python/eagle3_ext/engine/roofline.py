@@ -4,7 +4,9 @@ the measured one.
 
 A forward over T tokens costs max(weight bytes / memory bandwidth, 2 * weight elements * T /
 matmul rate): at the few tokens of a decode or a verify, reading the weights decides. The
-bandwidth and the matmul rate are measured here, in the same run, with the target's dtype.
+bandwidth and the matmul rate are measured here, in the same run, with the target's dtype (its
+products in float32 where the CPU has no native GEMM for it: the hardware's limit there is the
+float32 units', engine/half_gemm.py).
 Left out, as small next to the weights at these lengths: the KV cache reads, the attention
 FLOPs and embedding lookups (a row each). The gap between the measured r and this one is the
 framework's overhead.
@@ -19,6 +21,7 @@ from typing import Dict
 import torch
 
 from .config import TreeConfig
+from .half_gemm import gemm_dtype
 
 BANDWIDTH_BYTES = 256 << 20  # larger than any last-level cache, so the sum streams from memory
 MATMUL_SIZE = 1024
@@ -46,10 +49,11 @@ def _best_of(fn, repeats: int = 5) -> float:
 
 
 def measure_machine(dtype: torch.dtype, device: str = "cpu") -> MachineRates:
-    """Memory bandwidth (a sum over 256 MB) and matmul rate (1024^3 in ``dtype``), best of five."""
+    """Memory bandwidth (a sum over 256 MB) and matmul rate (1024^3 in ``dtype``, or in float32
+    where ``gemm_dtype`` says so), best of five."""
     big = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
     read_s = _best_of(lambda: big.sum().item())
-    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(dtype)
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(gemm_dtype(device, dtype))
     mm_s = _best_of(lambda: (a @ a)[0, 0].item())
     return MachineRates(BANDWIDTH_BYTES / read_s / 1e9, 2.0 * MATMUL_SIZE ** 3 / mm_s / 1e9)
 
