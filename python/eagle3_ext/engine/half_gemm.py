@@ -14,6 +14,7 @@ eager mode: the target's prefill and the draft's pass over the prompt.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,7 @@ MIN_ROWS = 16
 HALF = (torch.bfloat16, torch.float16)
 
 
+@functools.cache  # the CPU does not change; asked on every eager extend, a round's hot path
 def native_half_gemm(dtype: torch.dtype) -> bool:
     """Whether oneDNN multiplies ``dtype`` natively on this CPU (float32 always counts as native)."""
     checks = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
