@@ -7,10 +7,11 @@ import torch
 
 import eagle3_ext  # noqa: F401  (registers torch.ops.eagle3)
 
-# compile=True autotunes the GEMMs of every graph on CPU (tens of seconds a graph). The tests
-# compile graphs for many tiny models, so they build them without autotuning (weights still
-# frozen); test_compiled_verify's autotuned test sets it back.
+# compile=True autotunes the GEMMs of every graph on CPU (tens of seconds a graph) and builds a
+# C++ wrapper for it (more seconds). The tests compile graphs for many tiny models, so they build
+# them without either (weights still frozen); test_compiled_verify's autotuned test sets both back.
 os.environ.setdefault("EAGLE3_COMPILE_AUTOTUNE", "0")
+os.environ.setdefault("EAGLE3_COMPILE_CPP_WRAPPER", "0")
 
 HAS_CUDA = torch.cuda.is_available() and eagle3_ext.build_info()["cuda_compiled"]
 

@@ -130,3 +130,33 @@ def test_compile_adds_a_compiled_row_per_configuration(pair, capsys):
     rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)["runs"][0]["results"]}
     assert rows["chain3"]["compiled"] is False and rows["chain3+compiled"]["compiled"] is True
     assert rows["chain3+compiled"]["compile_s"] > 0 and rows["chain3+compiled"]["identical"] is True
+    assert rows["chain3+compiled"]["timed_compile_s"] == 0  # every graph compiled in the warm-up
+
+
+class _RecordingGenerator:
+    """Stands in for a generator in ``_warm_up``: records each call's prompts and length."""
+
+    def __init__(self, compiled: bool):
+        self.compiled = object() if compiled else None
+        self.calls = []
+
+    def generate(self, prompts, max_new_tokens, return_dict_in_generate, **kwargs):
+        from eagle3_ext.engine.stats import GenerationStats
+
+        self.calls.append((list(prompts), max_new_tokens, kwargs))
+        return type("Out", (), {"stats": GenerationStats()})()
+
+
+def test_compiled_warm_up_runs_every_group_then_every_smaller_batch():
+    from eagle3_ext.engine.bench import _warm_up
+
+    groups = [["a", "b", "c"], ["d", "e", "f"], ["g"]]
+    gen = _RecordingGenerator(compiled=True)
+    _warm_up(gen, groups, 16, seed=0)
+    # Every group at full length (its lookup trees and cache size), then the sizes a batch of 3 shrinks through.
+    assert [(p, n) for p, n, _ in gen.calls] == [(["a", "b", "c"], 16), (["d", "e", "f"], 16), (["g"], 16),
+                                                  (["a", "b"], 16), (["a"], 16)]
+    assert all(kw == {"seed": 0} for _, _, kw in gen.calls)
+    eager = _RecordingGenerator(compiled=False)
+    _warm_up(eager, groups, 16)
+    assert [(p, n) for p, n, _ in eager.calls] == [(["a", "b", "c"], 4)]  # eager: nothing to compile

@@ -34,16 +34,24 @@ def test_buckets_and_capacity():
 
 
 def test_inductor_settings(monkeypatch):
+    autotuned = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                 "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
-    assert inductor_settings(torch.device("cpu")) == {
-        "freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-        "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
+    assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}
     assert inductor_settings(torch.device("cuda")) == {}
+    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "0")
+    assert inductor_settings(torch.device("cpu")) == autotuned
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")
     assert inductor_settings(torch.device("cpu")) == {"freezing": True}
-    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "yes")
-    with pytest.raises(ValueError, match="EAGLE3_COMPILE_AUTOTUNE must be 0 or 1, got 'yes'"):
-        inductor_settings(torch.device("cpu"))
+    monkeypatch.delenv("EAGLE3_COMPILE_AUTOTUNE")
+    monkeypatch.delenv("EAGLE3_COMPILE_CPP_WRAPPER")
+    assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}  # both on by default
+    for name in ("EAGLE3_COMPILE_AUTOTUNE", "EAGLE3_COMPILE_CPP_WRAPPER"):
+        monkeypatch.setenv(name, "yes")
+        with pytest.raises(ValueError, match=f"{name} must be 0 or 1, got 'yes'"):
+            inductor_settings(torch.device("cpu"))
+        monkeypatch.setenv(name, "1")
 
 
 def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
@@ -63,10 +71,11 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
 
 
 def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair, monkeypatch):
-    """The CPU graphs as users get them (weights frozen, GEMMs autotuned): token-identical to
+    """The CPU graphs as users get them (weights frozen, GEMMs autotuned, C++ wrapper): token-identical to
     greedy decoding over consecutive calls (each with a new static cache) and for a second
     target of the same shape but other weights (frozen constants belong to one generator)."""
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
+    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
     target, tok, draft = pair
     other = copy.deepcopy(target)
     with torch.no_grad():

@@ -14,9 +14,11 @@ tree size, capacity); a batch that shrinks as requests finish compiles once per 
 The aux-state capture hooks, attached around each call as in eager mode, are traced into the
 graph. Prefill and KV compaction stay eager.
 
-On CPU the graphs are built with the weights frozen into them and their GEMMs autotuned
-(``inductor_settings``): Inductor's C++ GEMM template, which packs a frozen weight once, runs a
-6-16 row float32 GEMM about twice as fast as ATen's on a 2-core AVX2 machine. Frozen weights
+On CPU the graphs are built with the weights frozen into them, their GEMMs autotuned and a C++
+wrapper (``inductor_settings``): Inductor's C++ GEMM template, which packs a frozen weight once, runs a
+6-16 row float32 GEMM about twice as fast as ATen's on a 2-core AVX2 machine, and launching a
+graph's kernels from C++ took 10-15% off the draft's part of a round on a 2-core AVX-512 machine
+(a draft step's kernels are small enough for Python's per-kernel launch cost to show). Frozen weights
 are constants: a compiled generator does not see later in-place changes to its models' weights
 (build a new generator after changing them). A graph holding packed weights is one Inductor's
 on-disk cache cannot store, so each process compiles the verify graph again; elsewhere the
@@ -57,21 +59,33 @@ def node_buckets(num_draft_tokens: int, lookup_tokens: int) -> List[int]:
     return sorted({low, (low + num_draft_tokens + 1) // 2, num_draft_tokens})
 
 
+def _env_switch(name: str) -> bool:
+    """An on/off environment setting of the compiled graphs (default on)."""
+    value = os.environ.get(name, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def inductor_settings(device: torch.device) -> Dict[str, object]:
     """Inductor settings of the compiled graphs on ``device`` (module docstring). Freezing needs
     the calls to run without autograd, as generation does. ``EAGLE3_COMPILE_AUTOTUNE=0`` keeps
-    ATen's GEMMs (no autotuning: compiles several times faster, graphs slower). Elsewhere than on
-    CPU: Inductor's defaults."""
+    ATen's GEMMs (no autotuning: compiles several times faster, graphs slower);
+    ``EAGLE3_COMPILE_CPP_WRAPPER=0`` keeps Inductor's Python wrapper (compiles faster, calls
+    slower). Elsewhere than on CPU: Inductor's defaults."""
     if device.type != "cpu":
         return {}
     settings: Dict[str, object] = {"freezing": True}
-    autotune = os.environ.get("EAGLE3_COMPILE_AUTOTUNE", "1")
-    if autotune not in ("0", "1"):
-        raise ValueError(f"EAGLE3_COMPILE_AUTOTUNE must be 0 or 1, got {autotune!r}")
-    if autotune == "1":
+    autotune, cpp_wrapper = _env_switch("EAGLE3_COMPILE_AUTOTUNE"), _env_switch("EAGLE3_COMPILE_CPP_WRAPPER")
+    if autotune:
         # (the two last keep Inductor's autotuning reports off stderr)
         settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", autotune_num_choices_displayed=0,
                         max_autotune_report_choices_stats=False)
+    if cpp_wrapper:
+        # A graph's kernels launched from C++ rather than from Python: a draft step or a verify
+        # forward runs some 20-60 small kernels, and Python's launch cost per kernel is a
+        # measurable part of a step on a small model.
+        settings["cpp_wrapper"] = True
     return settings
 
 
