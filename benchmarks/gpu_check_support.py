@@ -70,7 +70,7 @@ CMAKE_MINIMUM = (3, 26)  # pyproject.toml's cmake.version
 # The files whose tests carry the `cuda` marker (through conftest.DEVICES).
 CUDA_TEST_FILES = ["tests/test_fused_aux_fc.py", "tests/test_tree_attention.py", "tests/test_tree_ops.py",
                    "tests/test_tree_sampling_draft_probs.py", "tests/test_hf_attention.py", "tests/test_regenerate.py",
-                   "tests/test_acceptance_bound.py"]
+                   "tests/test_acceptance_bound.py", "tests/test_compiled_verify.py"]
 
 # One small CUDA test per op (fused_aux_fc: its sm_90a/prefill path and its split-K decode path),
 # run under compute-sanitizer in a process of its own; racecheck too for tree_attention, whose

@@ -10,7 +10,9 @@ import torch
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
-from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE, inductor_settings, node_buckets, static_capacity
+from eagle3_ext.engine.compiled_verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
+                                                 static_capacity)
+from conftest import HAS_CUDA
 from tiny_models import make_trained_pair
 
 PROMPTS = ["def value key item value key item value key", "class index count index count",
@@ -39,7 +41,7 @@ def test_inductor_settings(monkeypatch):
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
     monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
     assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}
-    assert inductor_settings(torch.device("cuda")) == {}
+    assert inductor_settings(torch.device("cuda")) == {"triton.cudagraphs": True}   # CUDA graphs by default
     monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "0")
     assert inductor_settings(torch.device("cpu")) == autotuned
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")
@@ -47,10 +49,14 @@ def test_inductor_settings(monkeypatch):
     monkeypatch.delenv("EAGLE3_COMPILE_AUTOTUNE")
     monkeypatch.delenv("EAGLE3_COMPILE_CPP_WRAPPER")
     assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}  # both on by default
-    for name in ("EAGLE3_COMPILE_AUTOTUNE", "EAGLE3_COMPILE_CPP_WRAPPER"):
+    monkeypatch.setenv("EAGLE3_COMPILE_CUDA_GRAPHS", "0")
+    assert inductor_settings(torch.device("cuda")) == {} and not cuda_graphs(torch.device("cuda"))
+    assert not cuda_graphs(torch.device("cpu"))
+    for name, device in (("EAGLE3_COMPILE_AUTOTUNE", "cpu"), ("EAGLE3_COMPILE_CPP_WRAPPER", "cpu"),
+                         ("EAGLE3_COMPILE_CUDA_GRAPHS", "cuda")):
         monkeypatch.setenv(name, "yes")
         with pytest.raises(ValueError, match=f"{name} must be 0 or 1, got 'yes'"):
-            inductor_settings(torch.device("cpu"))
+            inductor_settings(torch.device(device))
         monkeypatch.setenv(name, "1")
 
 
@@ -72,7 +78,7 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
 
 def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair, monkeypatch):
     """The CPU graphs as users get them (weights frozen, GEMMs autotuned, C++ wrapper): token-identical to
-    greedy decoding over consecutive calls (each with a new static cache) and for a second
+    greedy decoding over consecutive calls (on the cache buffers the generator keeps) and for a second
     target of the same shape but other weights (frozen constants belong to one generator)."""
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
     monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
@@ -124,3 +130,86 @@ def test_compile_is_checked(pair):
     with pytest.raises(ValueError, match="compile=True needs attention='tree'"):
         SpeculativeGenerator(target, draft, tokenizer=tok, attention="sdpa", compile=True)
     assert torch.compiler.is_compiling() is False
+
+
+def _cache_addresses(batch):
+    """The data pointers of a batch's caches: the target's (every layer) and the draft's."""
+    target = [t.data_ptr() for layer in batch.runner.cache.layers for t in (layer.keys, layer.values)]
+    draft = [t.data_ptr() for t in batch.dcache.keys + batch.dcache.values + [batch.dcache.prefix_lens]]
+    return tuple(target), tuple(draft)
+
+
+def test_compiled_calls_keep_their_cache_addresses(pair, monkeypatch):
+    """The caches are the generator's kept buffers: every round of every call, the batch
+    shrinking included, sees the same addresses (what CUDA graphs replay on), with outputs
+    identical to plain greedy decoding call after call."""
+    from eagle3_ext.engine.batch import Batch
+
+    target, tok, draft = pair
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    seen = []
+    run_round = Batch.round
+
+    def spy(self):
+        run_round(self)
+        seen.append(_cache_addresses(self))
+
+    monkeypatch.setattr(Batch, "round", spy)
+    stop = hf_generate(target, tok, PROMPTS[:1], 24, stop_at_eos=False)[0][0][5]
+    calls = [(PROMPTS, stop), (PROMPTS[1:], None), (PROMPTS[2:], None), (PROMPTS, stop)]
+    held = []
+    for prompts, eos in calls:
+        kwargs = {} if eos is None else {"eos_token_id": eos}
+        expected = hf_generate(target, tok, prompts, 24, **kwargs)[0]
+        assert gen.generate(prompts, max_new_tokens=24, return_dict_in_generate=True, **kwargs).new_tokens == expected
+        held.append(gen.compiled.pool.nbytes)
+    assert len(seen) > len(calls) and len(set(seen)) == 1, "a round saw other cache addresses"
+    assert held[1:] == held[:-1]   # the buffers of the first call (the largest batch) served every call
+
+
+def test_a_compiled_generator_runs_one_call_at_a_time(pair):
+    """A second call while one runs (here from a streamer) would share its cache buffers: an error
+    that names the cause; the generator works again afterwards."""
+    target, tok, draft = pair
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+
+    class Reentrant:
+        def put(self, tokens):
+            if tokens.numel() == 1:   # a new token, not the prompt's echo
+                gen.generate(PROMPTS[1], max_new_tokens=4)
+
+        def end(self):
+            pass
+
+    with pytest.raises(RuntimeError, match="generate is already running on this generator"):
+        gen.generate(PROMPTS[0], max_new_tokens=8, streamer=Reentrant())
+    expected = hf_generate(target, tok, PROMPTS[:1], 8)[0]
+    assert gen.generate(PROMPTS[0], max_new_tokens=8, return_dict_in_generate=True).new_tokens == expected
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and the CUDA kernels")
+def test_cuda_graphs_replay_every_round_token_identical(pair):
+    """On CUDA the compiled rounds run as CUDA graphs: none of the graphs is skipped (a cache that
+    is not a static address, a CPU tensor or a host sync in a graph would skip it), the recordings
+    replay over later calls, and the tokens equal plain greedy decoding's."""
+    from torch._dynamo.utils import counters
+
+    target, tok, draft = pair
+    cuda_target, cuda_draft = copy.deepcopy(target).cuda(), copy.deepcopy(draft).cuda()
+    stop = hf_generate(cuda_target, tok, PROMPTS[:1], 24, stop_at_eos=False)[0][0][5]
+    expected = hf_generate(cuda_target, tok, PROMPTS, 24, eos_token_id=stop)[0]   # on the same device
+    counters.clear()
+    gen = SpeculativeGenerator(cuda_target, cuda_draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok,
+                               compile=True)
+    for _ in range(2):   # the batch shrinks as rows stop; trees of three sizes
+        out = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
+        assert out.new_tokens == expected
+    # A sampled chain (its draws read after the verify): the same seed, the same tokens, replayed.
+    gen = SpeculativeGenerator(cuda_target, cuda_draft, TreeConfig.chain(3, sampled=True), tokenizer=tok,
+                               compile=True)
+    sampled = [gen.generate(PROMPTS[0], max_new_tokens=24, do_sample=True, temperature=0.8, seed=3,
+                            return_dict_in_generate=True).new_tokens for _ in range(3)]
+    assert sampled[0] == sampled[1] == sampled[2] and 0 < len(sampled[0][0]) <= 24
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0, "no CUDA graph was recorded"

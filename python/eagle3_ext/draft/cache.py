@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, Hashable, List, Optional, Sequence
 
 import torch
+
+# allocate(name, shape, dtype) -> a zeroed tensor: where a cache's tensors come from
+Allocate = Callable[[Hashable, Sequence[int], torch.dtype], torch.Tensor]
+
+
+def compact_rows(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows at ``keep`` moved to its first ``len(keep)`` rows, in place; returns that view
+    (the same address as ``t``). A static-address mark of ``t`` carries over to the view."""
+    view = t[:keep.shape[0]].copy_(t.index_select(0, keep))
+    kind = getattr(t, "_dynamo_static_input_type", None)
+    if kind is not None:
+        torch._dynamo.mark_static_address(view, guard=kind == "guarded")
+    return view
 
 
 class DraftKVCache:
@@ -14,17 +27,23 @@ class DraftKVCache:
     followed by ``tree_len`` uncommitted tokens (the same count for every request) that a
     forward appended: draft-tree tokens or a prompt not yet committed. The layout is the one
     tree_attention reads (committed prefix, then the tree tokens right after it).
+
+    ``allocate`` (default: new zeroed tensors) provides the tensors, e.g. a compiled generator's
+    kept buffers (engine/buffer_pool.py); requests that leave move the rest to the front in place.
     """
 
     def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str):
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str, allocate: Optional[Allocate] = None):
         if batch_size <= 0 or capacity <= 0:
             raise ValueError(f"DraftKVCache: batch_size and capacity must be positive, got "
                              f"{batch_size} and {capacity}")
+        if allocate is None:
+            def allocate(name, shape, dtype):
+                return torch.zeros(shape, dtype=dtype, device=device)
         shape = (batch_size, capacity, num_kv_heads, head_dim)
-        self.keys: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.prefix_lens = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        self.keys: List[torch.Tensor] = [allocate(("keys", i), shape, dtype) for i in range(num_layers)]
+        self.values: List[torch.Tensor] = [allocate(("values", i), shape, dtype) for i in range(num_layers)]
+        self.prefix_lens = allocate("prefix_lens", (batch_size,), torch.int64)
         self.tree_len = 0
 
     @property
@@ -63,10 +82,11 @@ class DraftKVCache:
         self.tree_len = 0
 
     def select_rows(self, keep: torch.Tensor) -> None:
-        """Keeps only the requests at indices ``keep``."""
-        self.keys = [k.index_select(0, keep) for k in self.keys]
-        self.values = [v.index_select(0, keep) for v in self.values]
-        self.prefix_lens = self.prefix_lens.index_select(0, keep)
+        """Keeps only the requests at indices ``keep``, moved to the front of the same tensors (a
+        compiled graph's cache keeps its addresses)."""
+        self.keys = [compact_rows(k, keep) for k in self.keys]
+        self.values = [compact_rows(v, keep) for v in self.values]
+        self.prefix_lens = compact_rows(self.prefix_lens, keep)
 
     def keep(self, tree_indices: torch.Tensor, counts: Optional[torch.Tensor] = None) -> None:
         """Commits, per request, the uncommitted tokens at ``tree_indices`` [B, m] (in order).

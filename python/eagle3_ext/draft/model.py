@@ -14,7 +14,7 @@ from torch import nn
 
 from .. import ops
 from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_layers, target_dims
-from .cache import DraftKVCache
+from .cache import Allocate, DraftKVCache
 from .config import Eagle3DraftConfig
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -284,10 +284,10 @@ class Eagle3DraftModel(nn.Module):
 
     # --- forward ---------------------------------------------------------------------------
     def new_cache(self, batch_size: int, capacity: int, device: Optional[torch.device] = None,
-                  dtype: Optional[torch.dtype] = None) -> DraftKVCache:
+                  dtype: Optional[torch.dtype] = None, allocate: Optional[Allocate] = None) -> DraftKVCache:
         w = self.fc.weight
         return DraftKVCache(self.config.num_hidden_layers, batch_size, capacity, self.config.num_key_value_heads,
-                            self.config.head_dim, dtype or w.dtype, device or w.device)
+                            self.config.head_dim, dtype or w.dtype, device or w.device, allocate)
 
     def forward(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, position_ids: torch.Tensor,
                 cache: Optional[DraftKVCache] = None, tree_mask: Optional[torch.Tensor] = None,

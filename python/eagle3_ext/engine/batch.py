@@ -111,7 +111,11 @@ class Batch:
             tokens=torch.gather(next_tokens, 1, cols),
             positions=torch.arange(longest, device=self.device).expand(b, longest), counts=lengths)
         most_new = max(r.rule.limit for r in self.requests)
-        self.dcache = self.gen.draft.new_cache(b, self.gen.draft_cache_slots(longest, most_new), device=self.device)
+        slots = self.gen.draft_cache_slots(longest, most_new)
+        if self.gen.compiled is not None:
+            self.dcache = self.gen.compiled.draft.new_cache(self.gen.draft, b, slots)
+        else:
+            self.dcache = self.gen.draft.new_cache(b, slots, device=self.device)
         self.roots = roots
         for i, token in enumerate(roots.tolist()):
             self.emit(i, [int(token)])

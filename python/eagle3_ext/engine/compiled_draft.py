@@ -19,6 +19,7 @@ import torch
 
 from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
+from .buffer_pool import BufferPool
 from .compiled_verify import ShapeClock, round_capacity
 from .config import TreeConfig
 from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend, extend_eager
@@ -50,12 +51,24 @@ def pad_pairs(inputs: DraftInputs, size: int) -> DraftInputs:
 
 
 class CompiledDraft(ShapeClock):
-    """``extend`` and ``draft_steps`` compiled once per shape (module docstring)."""
+    """``extend`` and ``draft_steps`` compiled once per shape (module docstring); ``pool``: the
+    generator's kept buffers, which hold the draft cache (``new_cache``)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, pool: Optional[BufferPool] = None):
         super().__init__(device)
+        self.pool = pool if pool is not None else BufferPool()
         self._extend = torch.compile(extend, dynamic=False)
         self._steps = torch.compile(draft_steps, dynamic=False)
+
+    def new_cache(self, draft: Eagle3DraftModel, batch_size: int, capacity: int) -> DraftKVCache:
+        """The draft's cache for a call, in the kept buffers (the addresses of the last call of
+        this batch size and capacity)."""
+        w = draft.fc.weight
+
+        def allocate(name, shape, dtype):
+            return self.pool.rows(("draft", name), shape, dtype, w.device)
+
+        return draft.new_cache(batch_size, capacity, allocate=allocate)
 
     def extend(self, draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs,
                tree: TreeConfig) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -72,4 +85,7 @@ class CompiledDraft(ShapeClock):
               sampler: Optional[DraftSampler]):
         cache.check_room((tree.depth - 1) * tree.topk)
         key = ("steps", cache.batch_size, tree, None if sampler is None else sampler.sampling, cache.capacity)
-        return self.call(key, self._steps, draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        steps = self.call(key, self._steps, draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        if sampler is not None:  # the rows the graph appended, read after the verify
+            sampler.rows = self.copy_out(sampler.rows)
+        return steps

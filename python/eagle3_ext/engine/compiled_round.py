@@ -4,16 +4,20 @@ together."""
 
 from __future__ import annotations
 
+from .buffer_pool import BufferPool
 from .compiled_draft import CompiledDraft
-from .compiled_verify import CompiledVerify
+from .compiled_verify import CompiledVerify, cuda_graphs
 
 
 class CompiledRound:
-    """The verify graph (``verify``) and the draft's graphs (``draft``) of one generator."""
+    """The verify graph (``verify``) and the draft's graphs (``draft``) of one generator, and the
+    buffers that hold both caches from one call to the next (``pool``)."""
 
     def __init__(self, target):
-        self.verify = CompiledVerify(target)
-        self.draft = CompiledDraft(target.get_input_embeddings().weight.device)
+        device = target.get_input_embeddings().weight.device
+        self.pool = BufferPool(static=cuda_graphs(device))
+        self.verify = CompiledVerify(target, self.pool)
+        self.draft = CompiledDraft(device, self.pool)
 
     @property
     def compile_s(self) -> float:

@@ -8,30 +8,40 @@ graph).
 
 Shapes stay fixed so the graph compiles once: the target's cache is a Hugging Face
 ``StaticCache`` whose capacity is rounded up to ``CAPACITY_MULTIPLE`` (calls of similar length
-share it), a tree is padded to one of a few sizes (``node_buckets``), and the lengths (``cache_lens``,
-``tree_start``) are tensors, not Python numbers. Dynamo keeps one graph per (batch size,
-tree size, capacity); a batch that shrinks as requests finish compiles once per size it passes through.
-The aux-state capture hooks, attached around each call as in eager mode, are traced into the
-graph. Prefill and KV compaction stay eager.
+share it), a tree is padded to one of a few sizes (``node_buckets``), and the lengths
+(``cache_lens``, ``tree_start``) are tensors, not Python numbers. Dynamo keeps one graph per
+(batch size, tree size, capacity); a batch that shrinks as requests finish compiles once per
+size it passes through. The aux-state capture hooks, attached around each call as in eager mode,
+are traced into the graph. Prefill and KV compaction stay eager.
 
 On CPU the graphs are built with the weights frozen into them, their GEMMs autotuned and a C++
-wrapper (``inductor_settings``): Inductor's C++ GEMM template, which packs a frozen weight once, runs a
-6-16 row float32 GEMM about twice as fast as ATen's on a 2-core AVX2 machine, and launching a
-graph's kernels from C++ took 10-15% off the draft's part of a round on a 2-core AVX-512 machine
-(a draft step's kernels are small enough for Python's per-kernel launch cost to show). Frozen weights
-are constants: a compiled generator does not see later in-place changes to its models' weights
-(build a new generator after changing them). A graph holding packed weights is one Inductor's
-on-disk cache cannot store, so each process compiles the verify graph again; elsewhere the
-on-disk cache keeps compiled graphs across processes.
+wrapper (``inductor_settings``): Inductor's C++ GEMM template, which packs a frozen weight once,
+runs a 6-16 row float32 GEMM about twice as fast as ATen's on a 2-core AVX2 machine, and
+launching a graph's kernels from C++ took 10-15% off the draft's part of a round on a 2-core
+AVX-512 machine (a draft step's kernels are small enough for Python's per-kernel launch cost to
+show). Frozen weights are constants: a compiled generator does not see later in-place changes to
+its models' weights (build a new generator after changing them). A graph holding packed weights
+is one Inductor's on-disk cache cannot store, so each process compiles the verify graph again;
+elsewhere the on-disk cache keeps compiled graphs across processes.
+
+On CUDA the graphs run as CUDA graphs (Inductor's ``triton.cudagraphs``, what
+``mode="reduce-overhead"`` turns on; ``EAGLE3_COMPILE_CUDA_GRAPHS=0`` turns it off): a round's
+kernels are replayed from a recording rather than launched one by one. A recording replays on the
+addresses it was made with, so the caches are a generator's kept buffers, the same from one call
+to the next (engine/buffer_pool.py), marked as static addresses, and every output of a graph is
+copied out before the next graph can overwrite it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Dict, List
 
 import torch
+
+from .buffer_pool import BufferPool
 
 CAPACITY_MULTIPLE = 512
 # Graphs one compiled function may keep: a batch that shrinks as requests finish passes through
@@ -67,12 +77,19 @@ def _env_switch(name: str) -> bool:
     return value == "1"
 
 
+def cuda_graphs(device: torch.device) -> bool:
+    """Whether the compiled graphs on ``device`` run as CUDA graphs (module docstring)."""
+    return device.type == "cuda" and _env_switch("EAGLE3_COMPILE_CUDA_GRAPHS")
+
+
 def inductor_settings(device: torch.device) -> Dict[str, object]:
     """Inductor settings of the compiled graphs on ``device`` (module docstring). Freezing needs
     the calls to run without autograd, as generation does. ``EAGLE3_COMPILE_AUTOTUNE=0`` keeps
     ATen's GEMMs (no autotuning: compiles several times faster, graphs slower);
     ``EAGLE3_COMPILE_CPP_WRAPPER=0`` keeps Inductor's Python wrapper (compiles faster, calls
-    slower). Elsewhere than on CPU: Inductor's defaults."""
+    slower). On CUDA: CUDA graphs (``cuda_graphs``), otherwise Inductor's defaults."""
+    if device.type == "cuda":
+        return {"triton.cudagraphs": True} if cuda_graphs(device) else {}
     if device.type != "cpu":
         return {}
     settings: Dict[str, object] = {"freezing": True}
@@ -101,28 +118,51 @@ class ShapeClock:
     few percent of a round, and a round makes three calls."""
 
     def __init__(self, device: torch.device):
+        device = torch.device(device)
         self._keys = set()
-        self._settings = inductor_settings(torch.device(device))
+        self._settings = inductor_settings(device)
+        # A CUDA graph's outputs live in memory that the next graph to run may reuse.
+        self._copy_outputs = cuda_graphs(device)
         self.compile_s = 0.0
 
     def call(self, key, fn, *args):
         if key in self._keys:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return fn(*args)
-        started = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), torch._inductor.config.patch(self._settings):
-            out = fn(*args)
-        self._keys.add(key)
-        self.compile_s += time.perf_counter() - started
-        return out
+                out = fn(*args)
+        else:
+            started = time.perf_counter()
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
+                    torch._inductor.config.patch(self._settings):
+                out = fn(*args)
+            self._keys.add(key)
+            self.compile_s += time.perf_counter() - started
+        return self.copy_out(out)
+
+    def copy_out(self, out):
+        """``out`` (tensors, in lists, tuples or dataclasses) copied out of a CUDA graph's memory
+        (module docstring); as it is elsewhere."""
+        return _copied(out) if self._copy_outputs else out
+
+
+def _copied(out):
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return dataclasses.replace(out, **{f.name: _copied(getattr(out, f.name))
+                                           for f in dataclasses.fields(out) if f.init})
+    if isinstance(out, (list, tuple)):
+        items = [_copied(x) for x in out]
+        return type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+    return out
 
 
 class CompiledVerify(ShapeClock):
     """The target's tree forward, compiled once per shape."""
 
-    def __init__(self, model):
+    def __init__(self, model, pool: BufferPool):
         super().__init__(model.get_input_embeddings().weight.device)
         self.model = model
+        self.pool = pool
         self._fn = torch.compile(self._tree_forward, dynamic=False)
 
     def _tree_forward(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start):
@@ -135,15 +175,15 @@ class CompiledVerify(ShapeClock):
 
         return StaticCache(config=self.model.config, max_cache_len=capacity)
 
-    @staticmethod
-    def unmark_static(cache) -> None:
-        """Call once the cache's tensors exist (after the prefill). A StaticCache marks its tensors
-        as static addresses when it allocates them; Dynamo lifts such tensors as parameters, which
-        a frozen graph binds at compile time, so the next call's cache would not be written.
-        Unmarked, they are ordinary inputs of every call."""
-        for layer in cache.layers:
-            for t in (layer.keys, layer.values, layer.cumulative_length):
-                t.__dict__.pop("_dynamo_static_input_type", None)
+    def adopt(self, cache) -> None:
+        """Moves the cache's tensors into the kept buffers (engine/buffer_pool.py); call once they
+        exist (after the prefill). A StaticCache marks the tensors it allocates as static
+        addresses; the kept buffers carry such a mark only for CUDA graphs: on CPU Dynamo would
+        lift a marked tensor as a parameter, which a frozen graph binds at compile time (the next
+        call's cache would not be written)."""
+        for i, layer in enumerate(cache.layers):
+            for name in ("keys", "values", "cumulative_length"):
+                setattr(layer, name, self.pool.adopt(("target", i, name), getattr(layer, name)))
 
     def __call__(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start) -> torch.Tensor:
         key = (tuple(input_ids.shape), cache.layers[0].max_cache_len)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
@@ -177,7 +177,7 @@ class SpeculativeGenerator:
             streamer.put(prompts.echo.cpu())
         started = time.perf_counter()
         compiled_before = self._compile_s()
-        with self._session():
+        with self._session(), (self.compiled.pool.lease() if self.compiled is not None else nullcontext()):
             guard_s = self._guard_capture()
             batch = Batch(self, prompts.ids, settings, rng)
             batch.prefill()

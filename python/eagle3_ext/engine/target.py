@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
+from ..draft.cache import compact_rows
 from ..tree import DraftTree
 from .capture import AuxHiddenCapture
 from .compiled_verify import CompiledVerify
@@ -94,7 +95,7 @@ class TargetRunner:
             out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                                 logits_to_keep=1)
         if self.compiled is not None:
-            self.compiled.unmark_static(self.cache)   # its tensors were allocated by this forward
+            self.compiled.adopt(self.cache)   # its tensors were allocated by this forward
         self.seq_lens = attention_mask.long().sum(-1)
         pads = input_ids.shape[1] - self.seq_lens
         if bool((pads > 0).any()):
@@ -146,7 +147,7 @@ class TargetRunner:
             tree_mask = mask
         with torch.no_grad(), self.capture:
             logits = self.compiled(self.cache, tokens, positions, tree_mask, self.seq_lens, self._tree_start)
-            aux = self.capture.take()
+            aux = self.compiled.copy_out(self.capture.take())
         return TargetOutput(logits[:, :n], [a[:, :n] for a in aux])
 
     def _sdpa_masks(self, tree_mask: torch.Tensor, positions: torch.Tensor, s: int) -> Union[torch.Tensor, dict]:
@@ -168,9 +169,11 @@ class TargetRunner:
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keeps only the requests at indices ``keep`` (finished ones leave the batch)."""
+        # (a compiled verify's cache keeps its addresses: engine/buffer_pool.py)
+        select = compact_rows if self.compiled is not None else (lambda t, rows: t.index_select(0, rows))
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, keep)
-            layer.values = layer.values.index_select(0, keep)
+            layer.keys = select(layer.keys, keep)
+            layer.values = select(layer.values, keep)
         self.seq_lens = self.seq_lens.index_select(0, keep)
         surplus = self._length() - int(self.seq_lens.max())
         if surplus > 0:
