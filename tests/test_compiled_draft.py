@@ -9,7 +9,8 @@ import torch
 from eagle3_ext.engine.compiled_draft import CompiledDraft, draft_capacity, pad_pairs, pairs_sizes
 from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE
 from eagle3_ext.engine.config import SamplingConfig, TreeConfig
-from eagle3_ext.engine.drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend
+from eagle3_ext.engine.drafting import (DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend,
+                                        extend_and_steps)
 from sampling_stats import chi_square_bound
 from tiny_models import DRAFT_VOCAB, H, VOCAB, make_draft
 
@@ -54,23 +55,46 @@ def test_output_index_keeps_one_row_per_request():
     torch.testing.assert_close(one.hidden[:, 0], full.hidden[[0, 1], [3, 1]])
 
 
-def test_padded_extend_commits_what_eager_extend_commits():
-    """Padding pairs are written past the real ones but neither seen by them nor committed."""
+@pytest.mark.parametrize("tree", [TreeConfig.chain(5), TreeConfig(4, 2, 8), TreeConfig.chain(4, sampled=True)],
+                         ids=["chain", "topk2", "sampled"])
+def test_compiled_round_equals_eager_extend_then_steps(tree):
+    """One graph for a round's draft side: padding pairs are written past the real ones but neither
+    seen by them nor committed; the candidates and the committed cache are eager extend's and
+    draft_steps'. The prompt's pairs (more than a padded size) extend eagerly, then run the step
+    loop's graph."""
     draft = make_draft(seed=4)
-    tree = TreeConfig.chain(5)
-    x = _inputs(2, 3, [3, 2])
+    b = 2
+    seq_lens = torch.tensor([43, 42])
+    compiled = CompiledDraft("cpu")
+
+    def run(pairs, fn):
+        cache = _primed_cache(draft, b, 128)
+        sampler = DraftSampler(draft, SamplingConfig(temperature=0.9), torch.Generator().manual_seed(2), b,
+                               tree.depth) if tree.sampled else None
+        steps = fn(draft, cache, pairs, seq_lens, tree, sampler)
+        return steps, sampler, cache
+
     with torch.no_grad():
-        eager_cache = _primed_cache(draft, 2, 128)
-        want_logits, want_hidden = extend(draft, eager_cache, x)
-        compiled_cache = _primed_cache(draft, 2, 128)
-        got_logits, got_hidden = CompiledDraft("cpu").extend(draft, compiled_cache, x, tree)
-    torch.testing.assert_close(got_logits, want_logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got_hidden, want_hidden, rtol=1e-5, atol=1e-5)
-    assert torch.equal(compiled_cache.prefix_lens, eager_cache.prefix_lens) and compiled_cache.tree_len == 0
-    for layer in range(len(eager_cache.keys)):
-        for b, length in enumerate(eager_cache.prefix_lens.tolist()):
-            torch.testing.assert_close(compiled_cache.keys[layer][b, :length], eager_cache.keys[layer][b, :length],
-                                       rtol=1e-5, atol=1e-5)
+        for pairs in (_inputs(b, 3, [3, 2]), _inputs(b, 12, [12, 9])):
+            want, want_sampler, want_cache = run(pairs, extend_and_steps)
+            got, got_sampler, got_cache = run(pairs, compiled.round)
+            assert len(got) == len(want) == tree.depth
+            for g, w in zip(got, want):
+                assert torch.equal(g.tokens, w.tokens) and torch.equal(g.parents, w.parents)
+                torch.testing.assert_close(g.scores, w.scores, rtol=1e-5, atol=1e-6)
+            if tree.sampled:
+                torch.testing.assert_close(torch.stack(got_sampler.rows), torch.stack(want_sampler.rows))
+            assert torch.equal(got_cache.prefix_lens, want_cache.prefix_lens)
+            assert got_cache.tree_len == want_cache.tree_len == (tree.depth - 1) * tree.topk
+            for layer in range(len(want_cache.keys)):
+                for row, length in enumerate((want_cache.prefix_lens + want_cache.tree_len).tolist()):
+                    for buf in ("keys", "values"):
+                        torch.testing.assert_close(getattr(got_cache, buf)[layer][row, :length],
+                                                   getattr(want_cache, buf)[layer][row, :length], rtol=1e-5, atol=1e-5)
+    compiled_once = compiled.compile_s
+    with torch.no_grad():
+        run(_inputs(b, 3, [1, 3], seed=5), compiled.round)
+    assert compiled.compile_s == compiled_once   # the same padded size: nothing compiled again
 
 
 @pytest.mark.parametrize("tree", [TreeConfig(4, 2, 8), TreeConfig.chain(4, sampled=True)], ids=["topk2", "sampled"])

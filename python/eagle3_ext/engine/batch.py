@@ -125,16 +125,16 @@ class Batch:
         self._drop_finished()
         gen, stats, nb = self.gen, self.stats, len(self.active)
         t0 = time.perf_counter()
-        compiled = gen.compiled.draft if gen.compiled is not None else None
-        if compiled is not None:
-            root_logits, root_hidden = compiled.extend(gen.draft, self.dcache, self.inputs, gen.tree)
-        else:
-            root_logits, root_hidden = extend_eager(gen.draft, self.dcache, self.inputs)
         sampler = None
         if gen.tree.sampled and not self.settings.sampling.greedy:
             sampler = DraftSampler(gen.draft, self.settings.sampling, self.rng, nb, gen.tree.depth)
-        run_steps = compiled.steps if compiled is not None else draft_steps
-        steps = run_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree, sampler)
+        if gen.compiled is not None:
+            steps = gen.compiled.draft.round(gen.draft, self.dcache, self.inputs, self.runner.seq_lens, gen.tree,
+                                             sampler)
+        else:
+            root_logits, root_hidden = extend_eager(gen.draft, self.dcache, self.inputs)
+            steps = draft_steps(gen.draft, self.dcache, root_logits, root_hidden, self.runner.seq_lens, gen.tree,
+                                sampler)
         self.dcache.rollback()
         t1 = time.perf_counter()
         tree, placed = self._tree(steps)

@@ -1,28 +1,31 @@
 """The draft's side of a round as compiled graphs (``compile=True``).
 
 A draft step of a small head is a handful of GEMVs and some twenty small ops; in eager mode the
-ops' dispatch costs as much as the arithmetic. Compiled, the whole depth - 1 step loop
-(forward, top-k or sampled draw, frontier expansion, the gathers that feed the next step) is one
-graph per (batch size, tree shape, cache capacity): no Python runs per step and nothing syncs
-with the host. ``extend`` (committing the last round's accepted pairs) is compiled with its
-pairs padded to one of two sizes: padding pairs come after the real ones, so the causal mask hides them
-from the real ones, and ``keep`` commits only the real ones. The first round's prompt pairs stay
-eager. The draft cache's capacity is rounded up (``draft_capacity``) so that calls of similar
-length share the graphs.
+ops' dispatch costs as much as the arithmetic. Compiled, a round's whole draft side is one graph
+per (batch size, pairs size, tree shape, sampling, cache capacity): ``extend`` (committing the
+last round's accepted pairs) and the depth - 1 step loop after it (forward, top-k or sampled
+draw, frontier expansion, the gathers that feed the next step). No Python runs per step, nothing
+syncs with the host, and a round makes one call: a compiled call costs 0.2-0.35 ms of its own on
+a 2-core CPU (Dynamo's cache lookup, the wrapper's inputs), about a draft step's arithmetic.
+The pairs are padded to one of two sizes: padding pairs come after the real ones, so the causal
+mask hides them from the real ones, and ``keep`` commits only the real ones. The first round
+(the prompt's pairs) extends eagerly, then runs the step loop's own graph. The draft cache's
+capacity is rounded up (``draft_capacity``) so that calls of similar length share the graphs.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
 from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
+from ..tree import DraftStep
 from .buffer_pool import BufferPool
 from .compiled_verify import ShapeClock, round_capacity
 from .config import TreeConfig
-from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend, extend_eager
+from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend_and_steps, extend_eager
 
 
 def draft_capacity(tree: TreeConfig, longest_prompt: int, most_new: int) -> int:
@@ -57,7 +60,7 @@ class CompiledDraft(ShapeClock):
     def __init__(self, device: torch.device, pool: Optional[BufferPool] = None):
         super().__init__(device)
         self.pool = pool if pool is not None else BufferPool()
-        self._extend = torch.compile(extend, dynamic=False)
+        self._round = torch.compile(extend_and_steps, dynamic=False)
         self._steps = torch.compile(draft_steps, dynamic=False)
 
     def new_cache(self, draft: Eagle3DraftModel, batch_size: int, capacity: int) -> DraftKVCache:
@@ -70,15 +73,19 @@ class CompiledDraft(ShapeClock):
 
         return draft.new_cache(batch_size, capacity, allocate=allocate)
 
-    def extend(self, draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs,
-               tree: TreeConfig) -> Tuple[torch.Tensor, torch.Tensor]:
+    def round(self, draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs, seq_lens: torch.Tensor,
+              tree: TreeConfig, sampler: Optional[DraftSampler]) -> List[DraftStep]:
+        """``extend_and_steps`` as one graph (module docstring): commits ``inputs``' pairs and
+        returns the round's draft candidates; the tree tokens stay uncommitted in ``cache``."""
         n = inputs.tokens.shape[1]
         size = next((s for s in pairs_sizes(tree) if s >= n), None)
         if size is None:  # the prompt's pairs, once per call
-            return extend_eager(draft, cache, inputs)
-        cache.check_room(size)
-        key = ("extend", cache.batch_size, size, cache.capacity)
-        return self.call(key, self._extend, draft, cache, pad_pairs(inputs, size))
+            root_logits, root_hidden = extend_eager(draft, cache, inputs)
+            return self.steps(draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        cache.check_room(size + (tree.depth - 1) * tree.topk)
+        key = ("round", cache.batch_size, size, tree, None if sampler is None else sampler.sampling, cache.capacity)
+        steps = self.call(key, self._round, draft, cache, pad_pairs(inputs, size), seq_lens, tree, sampler)
+        return self._copy_draws(steps, sampler)
 
     def steps(self, draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch.Tensor,
               root_hidden: torch.Tensor, seq_lens: torch.Tensor, tree: TreeConfig,
@@ -86,6 +93,9 @@ class CompiledDraft(ShapeClock):
         cache.check_room((tree.depth - 1) * tree.topk)
         key = ("steps", cache.batch_size, tree, None if sampler is None else sampler.sampling, cache.capacity)
         steps = self.call(key, self._steps, draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+        return self._copy_draws(steps, sampler)
+
+    def _copy_draws(self, steps: List[DraftStep], sampler: Optional[DraftSampler]) -> List[DraftStep]:
         if sampler is not None:  # the rows the graph appended, read after the verify
             sampler.rows = self.copy_out(sampler.rows)
         return steps

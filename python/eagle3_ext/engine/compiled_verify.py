@@ -115,7 +115,7 @@ class ShapeClock:
     first call evaluates every guard and compiles if need be; a later call of a key already
     run evaluates only the guards that tell the function's graphs apart (Dynamo's
     ``skip_guard_eval_unsafe``): the full set costs 0.3-0.6 ms a call on a 2-core CPU, a
-    few percent of a round, and a round makes three calls."""
+    few percent of a round, and a round makes two calls (the draft side, the verify)."""
 
     def __init__(self, device: torch.device):
         device = torch.device(device)

@@ -139,6 +139,14 @@ def draft_steps(draft: Eagle3DraftModel, cache: DraftKVCache, root_logits: torch
     return steps
 
 
+def extend_and_steps(draft: Eagle3DraftModel, cache: DraftKVCache, inputs: DraftInputs, seq_lens: torch.Tensor,
+                     tree: TreeConfig, sampler: Optional[Callable] = None) -> List[DraftStep]:
+    """A round's whole draft side: ``extend`` (commit the pairs), then ``draft_steps`` from each
+    request's root pair."""
+    root_logits, root_hidden = extend(draft, cache, inputs)
+    return draft_steps(draft, cache, root_logits, root_hidden, seq_lens, tree, sampler)
+
+
 def build_tree(roots: torch.Tensor, seq_lens: torch.Tensor, steps: List[DraftStep], num_nodes: int) -> DraftTree:
     """Keeps the best num_nodes - 1 candidates under the roots [B] (eagle3 op)."""
     return build_draft_tree(roots, seq_lens, steps, num_nodes, tree_mask_mode=1)
