@@ -3,10 +3,10 @@
 A compiled graph takes its KV caches as inputs and writes them in place. A CUDA graph replays
 its kernels on the addresses it was recorded with, so a new cache per ``generate`` call would
 mean a new recording per call, each holding its own memory. Instead a compiled generator keeps
-one buffer per cache tensor (per name, shape and dtype) sized for the largest batch it has
-seen, and hands out its first rows; a batch that shrinks as requests finish moves its rows to
-the front in place (``draft.cache.compact_rows``). Every call of the same batch size then sees the same
-addresses. On CPU the buffers save an allocation per call.
+one buffer per cache tensor (per name and dtype) sized for the largest batch it has seen, and
+hands out its first rows; a batch that shrinks as requests finish moves its rows to the front
+in place (``draft.cache.compact_rows``). Every call of the same batch size and capacity then
+sees the same addresses. On CPU the buffers save an allocation per call.
 
 One generator runs one call at a time on its buffers (``BufferPool.lease``).
 """

@@ -54,7 +54,7 @@ def pad_pairs(inputs: DraftInputs, size: int) -> DraftInputs:
 
 
 class CompiledDraft(ShapeClock):
-    """``extend`` and ``draft_steps`` compiled once per shape (module docstring); ``pool``: the
+    """``extend_and_steps`` and ``draft_steps`` compiled once per shape (module docstring); ``pool``: the
     generator's kept buffers, which hold the draft cache (``new_cache``)."""
 
     def __init__(self, device: torch.device, pool: Optional[BufferPool] = None):
