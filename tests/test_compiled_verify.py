@@ -10,6 +10,7 @@ import torch
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.engine.divergence import first_divergence, fp32_reference
 from eagle3_ext.engine.compiled_verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
                                                  static_capacity)
 from conftest import HAS_CUDA
@@ -93,6 +94,36 @@ def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair, monkeypat
             expected = hf_generate(model, tok, [prompt], 16)[0]
             assert gen.generate(prompt, max_new_tokens=16, return_dict_in_generate=True).new_tokens == expected
     assert hf_generate(other, tok, PROMPTS[:2], 16)[0] != hf_generate(target, tok, PROMPTS[:2], 16)[0]
+
+
+def test_a_half_precision_verify_graph_is_stored_and_loaded_with_each_models_weights(pair):
+    """A bfloat16 target's verify graph runs its projections through the streaming kernel
+    (no oneDNN-packed weights), so Inductor's on-disk cache stores it: a second generator whose
+    target has the same shapes but other weights loads the graph instead of compiling it, and
+    decodes with its own weights."""
+    from torch._dynamo.utils import counters
+
+    target, tok, draft = pair
+    first = copy.deepcopy(target).to(torch.bfloat16)
+    second = copy.deepcopy(first)
+    with torch.no_grad():
+        for p in second.model.layers[-1].mlp.parameters():
+            p.mul_(1.5)
+    half_draft = copy.deepcopy(draft).to(torch.bfloat16)
+    outputs = []
+    for model in (first, second):
+        counters.clear()
+        gen = SpeculativeGenerator(model, half_draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+        out = gen.generate(PROMPTS[:2], max_new_tokens=12, return_dict_in_generate=True)
+        assert counters["inductor"]["fxgraph_cache_bypass"] == 0, dict(counters["inductor"])
+        outputs.append(out.new_tokens)
+        # bf16: greedy decoding's tokens, or a divergence at a near-tie of the target's top two
+        reference = fp32_reference(model)
+        for prompt, ours, theirs in zip(PROMPTS[:2], out.new_tokens, hf_generate(model, tok, PROMPTS[:2], 12)[0]):
+            divergence = first_divergence(model, tok(prompt).input_ids, ours, theirs, reference)
+            assert divergence is None or divergence["near_tie"], divergence
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1  # the second target's graph was loaded
+    assert outputs[0] != outputs[1]
 
 
 def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch):

@@ -20,6 +20,7 @@ struct Step512<float> {
   static constexpr int64_t kWidth = 16;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 4;
+  static constexpr int64_t kOneRowFeatureTile = 8;
   using W = __m512;
   using X = __m512;
   using Mask = __mmask16;
@@ -37,6 +38,7 @@ struct Step512<c10::Half> {
   static constexpr int64_t kWidth = 16;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 4;
+  static constexpr int64_t kOneRowFeatureTile = 8;
   using W = __m512;
   using X = __m512;
   using Mask = __mmask16;
@@ -56,6 +58,7 @@ struct Step512<c10::BFloat16> {
   static constexpr int64_t kWidth = 32;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 4;
+  static constexpr int64_t kOneRowFeatureTile = 8;
   using W = __m512bh;
   using X = __m512bh;
   using Mask = __mmask32;

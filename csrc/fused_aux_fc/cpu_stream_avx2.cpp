@@ -63,6 +63,8 @@ struct Step256Base {
   static constexpr int64_t kWidth = kLanes;
   static constexpr int64_t kFeatureTile = 4;
   static constexpr int64_t kRowTile = 2;
+  // 16 vector registers: 4 weights, 4 accumulators and the activation already take 9.
+  static constexpr int64_t kOneRowFeatureTile = 4;
   static Mask mask(int64_t n) { return n; }
   static Acc fma(Acc acc, W w, X x) { return _mm256_fmadd_ps(w, x, acc); }
   static Acc zero() { return _mm256_setzero_ps(); }

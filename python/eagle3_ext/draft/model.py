@@ -16,6 +16,7 @@ from .. import ops
 from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_layers, target_dims
 from .cache import Allocate, DraftKVCache
 from .config import Eagle3DraftConfig
+from .few_rows import linear
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)
@@ -84,13 +85,15 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(in_features, self.num_kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * hd, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        b, n, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
+    def forward(self, parts: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                attend: Attend) -> torch.Tensor:
+        """``parts``: [B, n, H] tensors whose concatenation is the layer's input."""
+        b, n, _ = parts[0].shape
+        q = apply_rope(linear(self.q_proj, *parts).view(b, n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(linear(self.k_proj, *parts).view(b, n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = linear(self.v_proj, *parts).view(b, n, self.num_kv_heads, self.head_dim)
         out = attend(q, k, v, self.head_dim ** -0.5)
-        return self.o_proj(out.reshape(b, n, -1).to(x.dtype))
+        return linear(self.o_proj, out.reshape(b, n, -1).to(parts[0].dtype))
 
 
 class DraftMLP(nn.Module):
@@ -102,7 +105,7 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return linear(self.down_proj, F.silu(linear(self.gate_proj, x)) * linear(self.up_proj, x))
 
 
 class Eagle3DecoderLayer(nn.Module):
@@ -126,10 +129,10 @@ class Eagle3DecoderLayer(nn.Module):
         if self.reads_embeddings:
             normed = self.hidden_norm(hidden)
             residual = normed if self.norm_before_residual else hidden
-            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+            parts = [self.input_layernorm(embeds), normed]
         else:
-            residual, x = hidden, self.input_layernorm(hidden)
-        hidden = residual + self.self_attn(x, cos, sin, attend)
+            residual, parts = hidden, [self.input_layernorm(hidden)]
+        hidden = residual + self.self_attn(parts, cos, sin, attend)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -356,10 +359,10 @@ class Eagle3DraftModel(nn.Module):
         decoder layers' output, per the ``norm_output`` / ``final_norm`` convention."""
         if self.config.norm_output:
             normed = self.norm(hidden)
-            return self.lm_head(normed), normed
+            return linear(self.lm_head, normed), normed
         if not self.config.final_norm:
-            return self.lm_head(hidden), hidden
-        return self.lm_head(self.norm(hidden)), hidden
+            return linear(self.lm_head, hidden), hidden
+        return linear(self.lm_head, self.norm(hidden)), hidden
 
     # --- checkpoints -----------------------------------------------------------------------
     @classmethod

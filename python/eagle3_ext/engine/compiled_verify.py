@@ -20,9 +20,15 @@ runs a 6-16 row float32 GEMM about twice as fast as ATen's on a 2-core AVX2 mach
 launching a graph's kernels from C++ took 10-15% off the draft's part of a round on a 2-core
 AVX-512 machine (a draft step's kernels are small enough for Python's per-kernel launch cost to
 show). Frozen weights are constants: a compiled generator does not see later in-place changes to
-its models' weights (build a new generator after changing them). A graph holding packed weights
-is one Inductor's on-disk cache cannot store, so each process compiles the verify graph again;
-elsewhere the on-disk cache keeps compiled graphs across processes.
+its models' weights (build a new generator after changing them).
+
+A half-precision target's projections (a tree's 1-16 rows) run through the library's streaming
+kernel instead (``StreamedLinears``, traced into the graph), as the draft's do: the graph is then
+as fast (alternating runs on a 2-core AVX512-BF16 CPU, bf16 chain 5: verify 4.4-5.0 ms a round
+against 5.1-5.2) and holds no oneDNN-packed weight, which Inductor's on-disk cache cannot store:
+a second process loads the verify graph instead of compiling it (the bundled pair's compile
+time 16 s instead of 46 s). A float32 target keeps the packed GEMMs (the streaming kernel made
+its verify 15-25% slower there), so each process compiles its verify graph again.
 
 On CUDA the graphs run as CUDA graphs (Inductor's ``triton.cudagraphs``, what
 ``mode="reduce-overhead"`` turns on; ``EAGLE3_COMPILE_CUDA_GRAPHS=0`` turns it off): a round's
@@ -41,7 +47,9 @@ from typing import Dict, List
 
 import torch
 
+from ..draft.few_rows import StreamedLinears
 from .buffer_pool import BufferPool
+from .half_gemm import HALF
 
 CAPACITY_MULTIPLE = 512
 # Graphs one compiled function may keep: a batch that shrinks as requests finish passes through
@@ -166,8 +174,9 @@ class CompiledVerify(ShapeClock):
         self._fn = torch.compile(self._tree_forward, dynamic=False)
 
     def _tree_forward(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start):
-        out = self.model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
-                         tree_mask=tree_mask, cache_lens=cache_lens, tree_start=tree_start)
+        with StreamedLinears(HALF):  # (module docstring)
+            out = self.model(input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True,
+                             tree_mask=tree_mask, cache_lens=cache_lens, tree_start=tree_start)
         return out.logits
 
     def new_cache(self, capacity: int):

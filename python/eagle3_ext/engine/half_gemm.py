@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..draft.few_rows import linear_arguments
+
 # Fewer rows stay in half precision: converting the weight on every call costs as much as the
 # product there (on the machine above the float32 route lost at 4 rows and won from 8).
 MIN_ROWS = 16
@@ -42,9 +44,7 @@ class _Float32Gemms(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
-            x = args[0] if args else kwargs["input"]
-            weight = args[1] if len(args) > 1 else kwargs["weight"]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            x, weight, bias = linear_arguments(args, kwargs)
             if x.dtype in HALF and weight.dtype == x.dtype and x.numel() >= MIN_ROWS * x.shape[-1]:
                 out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
                 return out.to(x.dtype)
