@@ -1,4 +1,5 @@
-"""The draft's linear layers over few rows on CPU, through the library's streaming kernel.
+"""Linear layers over few rows on CPU through the library's streaming kernel: the draft's
+(``linear``), and a half-precision target's inside its compiled verify (``StreamedLinears``).
 
 A draft step multiplies one row per tree node (a chain: one row a request) by each weight, and
 a round's commit a handful: matrix-vector products, bound by reading the weight. ATen sends
@@ -26,11 +27,15 @@ from torch.overrides import TorchFunctionMode
 STREAM_ROWS = 16
 
 
+def _few_cpu_rows(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.numel() <= STREAM_ROWS * x.shape[-1]
+
+
 def streams(x: torch.Tensor, layer: nn.Module) -> bool:
     """Whether ``layer`` over ``x`` ([..., in_features]) runs through the streaming kernel: a
     plain ``nn.Linear`` (a subclass or another module may compute something else), on CPU, over
     few rows, without gradients."""
-    return (type(layer) is nn.Linear and x.device.type == "cpu" and x.numel() <= STREAM_ROWS * x.shape[-1]
+    return (type(layer) is nn.Linear and _few_cpu_rows(x)
             and not (torch.is_grad_enabled() and layer.weight.requires_grad))
 
 
@@ -65,7 +70,7 @@ class StreamedLinears(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight, bias = linear_arguments(args, kwargs)
-            if (x.device.type == "cpu" and x.dtype in self.dtypes and weight.dtype == x.dtype
-                    and x.numel() <= STREAM_ROWS * x.shape[-1] and not torch.is_grad_enabled()):
+            if (x.dtype in self.dtypes and weight.dtype == x.dtype and _few_cpu_rows(x)
+                    and not torch.is_grad_enabled()):
                 return torch.ops.eagle3.fused_aux_fc([x], weight, bias)
         return func(*args, **kwargs)
