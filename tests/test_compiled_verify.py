@@ -36,8 +36,38 @@ def test_buckets_and_capacity():
     assert static_capacity(CAPACITY_MULTIPLE, 1, 16) == 2 * CAPACITY_MULTIPLE
 
 
+def test_linears_of_one_input_are_one_gemm_in_a_cpu_graph(monkeypatch):
+    """A float32 target's q, k and v (and gate and up) read one input: in the compiled graph they
+    are one GEMM over the concatenated weights, and compute the same."""
+    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")      # ATen's packed GEMM: countable, fast to build
+    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "0")
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(64, out, bias=False) for out in (64, 32, 32)).eval()
+    x = torch.randn(6, 64)
+
+    def gemms(settings):
+        fn = torch.compile(lambda x: [layer(x) for layer in layers], dynamic=False)
+        with torch.no_grad(), torch._inductor.config.patch(settings):
+            fn(x)  # compiles
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                out = fn(x)
+        return out, sum(e.count for e in prof.key_averages() if e.key in ("mkl::_mkl_linear", "aten::mm", "aten::addmm"))
+
+    torch._dynamo.reset()
+    settings = inductor_settings(torch.device("cpu"))
+    concatenated, one = gemms(settings)
+    torch._dynamo.reset()
+    separate, three = gemms({**settings, "cpp.enable_concat_linear": False})
+    assert (one, three) == (1, 3)
+    with torch.no_grad():
+        for layer, a, b in zip(layers, concatenated, separate):
+            torch.testing.assert_close(a, layer(x))
+            torch.testing.assert_close(b, layer(x))
+
+
 def test_inductor_settings(monkeypatch):
-    autotuned = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+    frozen = {"freezing": True, "cpp.enable_concat_linear": True}
+    autotuned = {**frozen, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                  "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
     monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
@@ -46,7 +76,7 @@ def test_inductor_settings(monkeypatch):
     monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "0")
     assert inductor_settings(torch.device("cpu")) == autotuned
     monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")
-    assert inductor_settings(torch.device("cpu")) == {"freezing": True}
+    assert inductor_settings(torch.device("cpu")) == frozen
     monkeypatch.delenv("EAGLE3_COMPILE_AUTOTUNE")
     monkeypatch.delenv("EAGLE3_COMPILE_CPP_WRAPPER")
     assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}  # both on by default

@@ -111,3 +111,46 @@ def test_streamed_linears_route_only_few_half_precision_rows_without_gradients(m
     with few_rows.StreamedLinears([torch.float32]):
         layer(few.float())              # gradients on: ATen
     assert calls == [torch.bfloat16]
+
+
+def _stream_calls(fn, *args):
+    """fn(*args) and how many times it called the streaming op (after a first call, which compiles)."""
+    fn(*args)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn(*args)
+    return out, sum(e.count for e in prof.key_averages() if e.key == "eagle3::fused_aux_fc")
+
+
+@pytest.mark.parametrize("dtype, parts, bias", [(torch.float32, 2, True), (torch.bfloat16, 1, False)],
+                         ids=["fp32-2parts-bias", "bf16-1part"])
+def test_linears_stack_the_weights_only_in_a_graph_with_frozen_weights(dtype, parts, bias):
+    layers = [_layer(parts * 48, out, dtype, bias) for out in (40, 24, 24)]
+    xs = [torch.randn(1, 5, 48).to(dtype) for _ in range(parts)]
+
+    def qkv(*xs):
+        return few_rows.linears(layers, *xs)
+
+    with torch.no_grad():
+        separate, eager_calls = _stream_calls(qkv, *xs)
+        with torch._inductor.config.patch(freezing=True):
+            stacked, frozen_calls = _stream_calls(torch.compile(qkv, dynamic=False), *xs)
+        unfrozen, unfrozen_calls = _stream_calls(torch.compile(lambda *xs: few_rows.linears(layers, *xs),
+                                                               dynamic=False), *xs)
+    assert (eager_calls, frozen_calls, unfrozen_calls) == (3, 1, 3)
+    for layer, a, b, c in zip(layers, separate, stacked, unfrozen):
+        # One feature's sum runs the same way in a stacked weight: the same bits.
+        assert torch.equal(a, b) and torch.equal(a, c)
+        expected = F.linear(torch.cat(xs, -1).float(), layer.weight.float(),
+                            None if layer.bias is None else layer.bias.float())
+        torch.testing.assert_close(b.float(), expected, **TOLERANCES[dtype])
+
+
+def test_linears_that_do_not_stack_run_one_by_one():
+    xs = [torch.randn(1, 5, 48)]
+    mixed_bias = [_layer(48, 40, torch.float32, True), _layer(48, 24, torch.float32, False)]
+    mixed_dtype = [_layer(48, 40, torch.float32, False), _layer(48, 24, torch.bfloat16, False)]
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True):
+        _, calls = _stream_calls(torch.compile(lambda x: few_rows.linears(mixed_bias, x), dynamic=False), *xs)
+        assert calls == 2
+        assert few_rows._stackable(mixed_bias[:1] * 2, *xs)
+        assert not few_rows._stackable(mixed_bias, *xs) and not few_rows._stackable(mixed_dtype, *xs)

@@ -15,7 +15,7 @@ Training keeps ``F.linear`` whatever the rows: gradients need not flow through t
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,41 @@ def linear(layer: nn.Module, *parts: torch.Tensor) -> torch.Tensor:
     if streams(first, layer):
         return torch.ops.eagle3.fused_aux_fc(list(parts), layer.weight, layer.bias)
     return layer(torch.cat(parts, -1) if len(parts) > 1 else first)
+
+
+def _frozen_graph() -> bool:
+    """Whether this runs while a graph is traced for Inductor with frozen weights."""
+    if not torch.compiler.is_compiling():
+        return False
+    import torch._inductor.config as inductor_config  # (loaded by then; on its own it takes 1 s)
+
+    return bool(inductor_config.freezing)
+
+
+def _stackable(layers: Sequence[nn.Module], x: torch.Tensor) -> bool:
+    """Whether ``layers`` over ``x`` all stream and their weights (and biases) stack: one dtype,
+    a bias on all of them or none."""
+    return (all(streams(x, layer) for layer in layers)
+            and len({layer.weight.dtype for layer in layers}) == 1
+            and len({layer.bias is None for layer in layers}) == 1)
+
+
+def linears(layers: Sequence[nn.Module], *parts: torch.Tensor) -> List[torch.Tensor]:
+    """``[linear(layer, *parts) for layer in layers]``: layers that read the same input (a draft
+    layer's q, k and v; its gate and up).
+
+    In a graph compiled with frozen weights (``torch.compile`` with Inductor's ``freezing``, as
+    the compiled generator builds on CPU) the products run as one streaming call over the layers'
+    stacked weights, its output split after: Inductor folds the concatenation of the constant
+    weights into one constant when it compiles, so each call reads the same bytes, and a draft
+    step makes 5 kernel calls instead of 8 (each call has its own launch and thread fork). Out of
+    such a graph the concatenation would be a copy on every call, so the layers run one by one."""
+    if len(layers) > 1 and _frozen_graph() and _stackable(layers, parts[0]):
+        weight = torch.cat([layer.weight for layer in layers])
+        bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+        out = torch.ops.eagle3.fused_aux_fc(list(parts), weight, bias)
+        return list(out.split([layer.out_features for layer in layers], -1))
+    return [linear(layer, *parts) for layer in layers]
 
 
 def linear_arguments(args, kwargs):

@@ -16,7 +16,7 @@ from .. import ops
 from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_layers, target_dims
 from .cache import Allocate, DraftKVCache
 from .config import Eagle3DraftConfig
-from .few_rows import linear
+from .few_rows import linear, linears
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)
@@ -89,9 +89,10 @@ class DraftAttention(nn.Module):
                 attend: Attend) -> torch.Tensor:
         """``parts``: [B, n, H] tensors whose concatenation is the layer's input."""
         b, n, _ = parts[0].shape
-        q = apply_rope(linear(self.q_proj, *parts).view(b, n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(linear(self.k_proj, *parts).view(b, n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = linear(self.v_proj, *parts).view(b, n, self.num_kv_heads, self.head_dim)
+        q, k, v = linears((self.q_proj, self.k_proj, self.v_proj), *parts)
+        q = apply_rope(q.view(b, n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(b, n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(b, n, self.num_kv_heads, self.head_dim)
         out = attend(q, k, v, self.head_dim ** -0.5)
         return linear(self.o_proj, out.reshape(b, n, -1).to(parts[0].dtype))
 
@@ -105,7 +106,8 @@ class DraftMLP(nn.Module):
         self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(self.down_proj, F.silu(linear(self.gate_proj, x)) * linear(self.up_proj, x))
+        gate, up = linears((self.gate_proj, self.up_proj), x)
+        return linear(self.down_proj, F.silu(gate) * up)
 
 
 class Eagle3DecoderLayer(nn.Module):
