@@ -57,6 +57,15 @@ CAPPED_BUILDS = [pytest.param("generic", id="generic"),
                      not {"avx2", "fma", "f16c"} <= set(cpu_flags()), reason="this CPU has no AVX2 + FMA + F16C"))]
 
 
+def calls_after_a_first(fn, args, names):
+    """``fn(*args)`` run a second time (the first compiles, if it does) and how many calls of the
+    ops named ``names`` (profiler keys, e.g. "eagle3::fused_aux_fc") that second run made."""
+    fn(*args)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn(*args)
+    return out, sum(e.count for e in prof.key_averages() if e.key in names)
+
+
 def op_error(pattern: str) -> type:
     """The exception an eagle3 op raises for a message: TypeError for a wrong dtype, ValueError
     for any other bad argument (a shape, size, value or device)."""

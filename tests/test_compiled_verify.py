@@ -13,7 +13,7 @@ from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.engine.divergence import first_divergence, fp32_reference
 from eagle3_ext.engine.compiled_verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
                                                  static_capacity)
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, calls_after_a_first
 from tiny_models import make_trained_pair
 
 PROMPTS = ["def value key item value key item value key", "class index count index count",
@@ -48,10 +48,7 @@ def test_linears_of_one_input_are_one_gemm_in_a_cpu_graph(monkeypatch):
     def gemms(settings):
         fn = torch.compile(lambda x: [layer(x) for layer in layers], dynamic=False)
         with torch.no_grad(), torch._inductor.config.patch(settings):
-            fn(x)  # compiles
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                out = fn(x)
-        return out, sum(e.count for e in prof.key_averages() if e.key in ("mkl::_mkl_linear", "aten::mm", "aten::addmm"))
+            return calls_after_a_first(fn, (x,), ("mkl::_mkl_linear", "aten::mm", "aten::addmm"))
 
     torch._dynamo.reset()
     settings = inductor_settings(torch.device("cpu"))

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DTYPES, TOLERANCES
+from conftest import DTYPES, TOLERANCES, calls_after_a_first
 from eagle3_ext import fused_aux_fc, reference
 from eagle3_ext.draft import few_rows
 from test_draft_model import plain_forward
@@ -114,11 +114,7 @@ def test_streamed_linears_route_only_few_half_precision_rows_without_gradients(m
 
 
 def _stream_calls(fn, *args):
-    """fn(*args) and how many times it called the streaming op (after a first call, which compiles)."""
-    fn(*args)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        out = fn(*args)
-    return out, sum(e.count for e in prof.key_averages() if e.key == "eagle3::fused_aux_fc")
+    return calls_after_a_first(fn, args, ("eagle3::fused_aux_fc",))
 
 
 @pytest.mark.parametrize("dtype, parts, bias", [(torch.float32, 2, True), (torch.bfloat16, 1, False)],

@@ -1,5 +1,6 @@
 """Linear layers over few rows on CPU through the library's streaming kernel: the draft's
-(``linear``), and a half-precision target's inside its compiled verify (``StreamedLinears``).
+(``linear``, ``linears``), and a half-precision target's inside its compiled verify
+(``StreamedLinears``).
 
 A draft step multiplies one row per tree node (a chain: one row a request) by each weight, and
 a round's commit a handful: matrix-vector products, bound by reading the weight. ATen sends
