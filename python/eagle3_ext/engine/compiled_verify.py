@@ -17,10 +17,11 @@ are traced into the graph. Prefill and KV compaction stay eager.
 On CPU the graphs are built with the weights frozen into them, linears of one input
 concatenated, their GEMMs autotuned and a C++ wrapper (``inductor_settings``): Inductor's C++
 GEMM template, which packs a frozen weight once, runs a 6-16 row float32 GEMM about twice as fast
-as ATen's on a 2-core AVX2 machine, and launching a graph's kernels from C++ took 10-15% off the draft's part of a round on a 2-core
-AVX-512 machine (a draft step's kernels are small enough for Python's per-kernel launch cost to
-show). Frozen weights are constants: a compiled generator does not see later in-place changes to
-its models' weights (build a new generator after changing them).
+as ATen's on a 2-core AVX2 machine, and launching a graph's kernels from C++ took 10-15% off the
+draft's part of a round on a 2-core AVX-512 machine (a draft step's kernels are small enough for
+Python's per-kernel launch cost to show). Frozen weights are constants: a compiled generator
+does not see later in-place changes to its models' weights (build a new generator after changing
+them).
 
 A half-precision target's projections (a tree's 1-16 rows) run through the library's streaming
 kernel instead (``StreamedLinears``, traced into the graph), as the draft's do: the graph is then
