@@ -12,6 +12,9 @@ import eagle3_ext  # noqa: F401  (registers torch.ops.eagle3)
 # them without either (weights still frozen); test_compiled_verify's autotuned test sets both back.
 os.environ.setdefault("EAGLE3_COMPILE_AUTOTUNE", "0")
 os.environ.setdefault("EAGLE3_COMPILE_CPP_WRAPPER", "0")
+# A float32 verify on CPU is built as an AOTInductor package (a C++ build of its own, per model
+# and shape); test_packaged_verify turns packages on.
+os.environ.setdefault("EAGLE3_COMPILE_PACKAGES", "0")
 
 HAS_CUDA = torch.cuda.is_available() and eagle3_ext.build_info()["cuda_compiled"]
 

@@ -86,6 +86,24 @@ def test_identical_to_hf_generate_with_acceptance(arch, tree, tmp_path_factory):
     assert length > 1.3, f"{arch} {tree}: acceptance length {length:.2f}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma2", "deepseek_v3"])
+def test_compiled_is_identical_with_a_window_a_soft_cap_or_mla(arch, tmp_path_factory):
+    """compile=True on a target with sliding-window layers and a soft-cap (Gemma 2: its static
+    cache keeps every layer's full history, its prompt fills it through an eager prefill) and on
+    MLA (DeepSeek-V3: keys and values of other widths), a ragged batch of 3 included."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    d = trained_pair(arch, tmp_path_factory)
+    target_dir = str(d / "target")
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
+    gen = SpeculativeGenerator(target, draft, TREES["tree-d4-k2-n8"], compile=True)
+    batch = prompts(tok, 3)
+    out = gen.generate(batch, max_new_tokens=NEW_TOKENS, eos_token_id=[], return_dict_in_generate=True)
+    assert out.new_tokens == [hf_greedy(target_dir, p) for p in batch], arch
+
+
 @pytest.mark.parametrize("model_type,feature", [("mamba", "state-space"), ("qwen3_next", "linear-attention"),
                                                 ("rwkv", "RWKV"), ("llama4", "chunked local attention")])
 def test_unservable_architectures_are_refused_by_name(model_type, feature):

@@ -7,14 +7,13 @@ import copy
 import pytest
 import torch
 
-from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.engine.divergence import first_divergence, fp32_reference
 from eagle3_ext.engine.compiled_verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
                                                  static_capacity)
 from conftest import HAS_CUDA, calls_after_a_first
-from tiny_models import make_trained_pair
+from tiny_models import loaded_trained_pair
 
 PROMPTS = ["def value key item value key item value key", "class index count index count",
            "for while if else for while if"]
@@ -22,10 +21,7 @@ PROMPTS = ["def value key item value key item value key", "class index count ind
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("compiled")
-    target, tok = make_trained_pair(str(d), layers=4, steps=20)
-    draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
-    return target, tok, draft
+    return loaded_trained_pair(str(tmp_path_factory.mktemp("compiled")), layers=4, steps=20)
 
 
 def test_buckets_and_capacity():

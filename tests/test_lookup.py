@@ -5,13 +5,13 @@ identical to the target's greedy decoding in fp32, lossless when sampling."""
 import pytest
 import torch
 
-from eagle3_ext import Eagle3DraftModel, reference, tree
+from eagle3_ext import reference, tree
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.engine.lookup import NgramLookup, draft_nodes_to_keep
 from sampling_stats import chi_square, chi_square_bound, exact_joint, make_small_vocab_pair, sample_joint
 from test_tree_ops import random_draft_steps, tree_inputs
-from tiny_models import make_trained_pair
+from tiny_models import loaded_trained_pair
 
 
 def lookup(tokens, max_ngram=3, max_tokens=6):
@@ -162,10 +162,7 @@ REPETITIVE = ["def f ( x ) : return x \n def f ( x ) : return", "a b c d a b c d
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lookup")
-    target, tok = make_trained_pair(str(d), layers=4)
-    draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
-    return target, tok, draft
+    return loaded_trained_pair(str(tmp_path_factory.mktemp("lookup")), layers=4)
 
 
 @pytest.mark.parametrize("cfg", [TreeConfig(3, 2, 8, lookup_tokens=6), TreeConfig.chain(3, lookup_tokens=8)],

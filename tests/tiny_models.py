@@ -133,6 +133,14 @@ def make_trained_pair(workdir, arch: str = "llama", layers: int = 6, steps: int 
     return target, tok
 
 
+def loaded_trained_pair(workdir, **options):
+    """``make_trained_pair(workdir, **options)`` with its draft loaded: (target, tokenizer, draft)."""
+    from eagle3_ext import Eagle3DraftModel
+
+    target, tok = make_trained_pair(workdir, **options)
+    return target, tok, Eagle3DraftModel.from_pretrained(os.path.join(workdir, "draft"), target_config=target.config)
+
+
 # --- random EAGLE-3 drafts (no target needed) ------------------------------------------------------
 
 H, VOCAB, DRAFT_VOCAB = 64, 96, 48

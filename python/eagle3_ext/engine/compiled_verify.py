@@ -29,7 +29,10 @@ as fast (alternating runs on a 2-core AVX512-BF16 CPU, bf16 chain 5: verify 4.4-
 against 5.1-5.2) and holds no oneDNN-packed weight, which Inductor's on-disk cache cannot store:
 a second process loads the verify graph instead of compiling it (the bundled pair's compile
 time 16 s instead of 46 s). A float32 target keeps the packed GEMMs (the streaming kernel made
-its verify 15-25% slower there), so each process compiles its verify graph again.
+its verify 15-25% slower there); its verify is built ahead of time instead, as an AOTInductor
+package on disk that stores the packed weights (engine/packaged_verify.py): a later process with
+the same weights, shapes and settings loads it (the bundled pair's verify 0.1 s instead of
+36 s). A forward ``torch.export`` cannot trace is compiled with ``torch.compile``, with a warning.
 
 On CUDA the graphs run as CUDA graphs (Inductor's ``triton.cudagraphs``, what
 ``mode="reduce-overhead"`` turns on; ``EAGLE3_COMPILE_CUDA_GRAPHS=0`` turns it off): a round's
@@ -44,13 +47,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Dict, List
+import warnings
+from typing import Dict, List, Tuple
 
 import torch
 
 from ..draft.few_rows import StreamedLinears
 from .buffer_pool import BufferPool
 from .half_gemm import HALF
+from .packaged_verify import NoPackage, PackagedVerify
 
 CAPACITY_MULTIPLE = 512
 # Graphs one compiled function may keep: a batch that shrinks as requests finish passes through
@@ -142,13 +147,20 @@ class ShapeClock:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                 out = fn(*args)
         else:
-            started = time.perf_counter()
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
                     torch._inductor.config.patch(self._settings):
-                out = fn(*args)
-            self._keys.add(key)
-            self.compile_s += time.perf_counter() - started
+                out = self.timed(key, fn, *args)
         return self.copy_out(out)
+
+    def timed(self, key, fn, *args):
+        """``fn(*args)``, counted in ``compile_s`` if it is the first call of ``key``."""
+        if key in self._keys:
+            return fn(*args)
+        started = time.perf_counter()
+        out = fn(*args)
+        self._keys.add(key)
+        self.compile_s += time.perf_counter() - started
+        return out
 
     def copy_out(self, out):
         """``out`` (tensors, in lists, tuples or dataclasses) copied out of a CUDA graph's memory
@@ -168,14 +180,23 @@ def _copied(out):
     return out
 
 
+def packaged(weight: torch.Tensor) -> bool:
+    """Whether a target with this embedding weight runs its verify as AOTInductor packages
+    (engine/packaged_verify.py): float32 on CPU, unless ``EAGLE3_COMPILE_PACKAGES=0``."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and _env_switch("EAGLE3_COMPILE_PACKAGES")
+
+
 class CompiledVerify(ShapeClock):
-    """The target's tree forward, compiled once per shape."""
+    """The target's tree forward, compiled once per shape: a graph of ``torch.compile``, or for a
+    float32 target on CPU an AOTInductor package stored on disk (``packaged``)."""
 
     def __init__(self, model, pool: BufferPool):
-        super().__init__(model.get_input_embeddings().weight.device)
+        weight = model.get_input_embeddings().weight
+        super().__init__(weight.device)
         self.model = model
         self.pool = pool
         self._fn = torch.compile(self._tree_forward, dynamic=False)
+        self.packages = PackagedVerify(model, self._settings) if packaged(weight) else None
 
     def _tree_forward(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start):
         with StreamedLinears(HALF):  # (module docstring)
@@ -184,9 +205,23 @@ class CompiledVerify(ShapeClock):
         return out.logits
 
     def new_cache(self, capacity: int):
+        """A StaticCache of ``capacity`` slots whose every layer keeps the full history, as the
+        eager path's cache does (engine/target.py): a sliding-window layer's cache would keep
+        only the window and drop the positions that a rejected round falls back to."""
         from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
-        return StaticCache(config=self.model.config, max_cache_len=capacity)
+        cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        cache.layers = [StaticLayer(max_cache_len=capacity) if isinstance(layer, StaticSlidingWindowLayer) else layer
+                        for layer in cache.layers]
+        return cache
+
+    def fill(self, cache, prefill) -> None:
+        """Writes a prefill's cache (a DynamicCache) into ``cache`` (``new_cache``), whose tensors
+        then live in the kept buffers (``adopt``)."""
+        for layer, source in zip(cache.layers, prefill.layers):
+            layer.update(source.keys, source.values)
+        self.adopt(cache)
 
     def adopt(self, cache) -> None:
         """Moves the cache's tensors into the kept buffers (engine/buffer_pool.py); call once they
@@ -198,6 +233,19 @@ class CompiledVerify(ShapeClock):
             for name in ("keys", "values", "cumulative_length"):
                 setattr(layer, name, self.pool.adopt(("target", i, name), getattr(layer, name)))
 
-    def __call__(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start) -> torch.Tensor:
+    def __call__(self, capture, cache, input_ids, position_ids, tree_mask, cache_lens,
+                 tree_start) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        """The logits and ``capture``'s aux states of the tree forward; writes ``cache``."""
         key = (tuple(input_ids.shape), cache.layers[0].max_cache_len)
-        return self.call(key, self._fn, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start)
+        args = (input_ids, position_ids, tree_mask, cache_lens, tree_start)
+        if self.packages is not None:
+            try:
+                return self.timed(key, self.packages, capture, cache, *args)
+            except NoPackage as e:
+                warnings.warn(f"no AOTInductor package of the float32 verify forward of {type(self.model).__name__} "
+                              f"({e}); it is compiled with torch.compile instead, in every process", stacklevel=2)
+                self.packages = None
+        with capture:   # the hooks are traced into the graph
+            logits = self.call(key, self._fn, cache, *args)
+            aux = capture.take()
+        return logits, self.copy_out(aux)

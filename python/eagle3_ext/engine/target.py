@@ -73,9 +73,9 @@ class TargetRunner:
         self.windows = layer_windows(model.config)
         self._tree_start: Optional[torch.Tensor] = None  # [B] the slot of the last verify's tree
 
-    def _forward(self, **kwargs) -> TargetOutput:
+    def _forward(self, cache=None, **kwargs) -> TargetOutput:
         with torch.no_grad(), self.capture:
-            out = self.model(cache=self.cache, use_cache=True, **kwargs)
+            out = self.model(cache=self.cache if cache is None else cache, use_cache=True, **kwargs)
             aux = self.capture.take()
         return TargetOutput(out.logits, aux)
 
@@ -91,11 +91,17 @@ class TargetRunner:
         # Only the last position's logits pick the first token: the rest would be a [B, L, V]
         # tensor, the largest allocation of a long prompt.
         weight = self.model.get_input_embeddings().weight
+        # A compiled verify's static cache is filled from an eager prefill's own cache: the model's
+        # masks and attention then see the prompt exactly as on the eager path (a static cache's
+        # keys span its whole capacity, which an attention without a mask would misplace).
+        from transformers import DynamicCache
+
+        cache = DynamicCache() if self.compiled is not None else self.cache
         with float32_gemms(weight.device, weight.dtype, input_ids.numel()):
-            out = self._forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                                logits_to_keep=1)
+            out = self._forward(cache=cache, input_ids=input_ids, attention_mask=attention_mask,
+                                position_ids=positions, logits_to_keep=1)
         if self.compiled is not None:
-            self.compiled.adopt(self.cache)   # its tensors were allocated by this forward
+            self.compiled.fill(self.cache, cache)
         self.seq_lens = attention_mask.long().sum(-1)
         pads = input_ids.shape[1] - self.seq_lens
         if bool((pads > 0).any()):
@@ -145,9 +151,9 @@ class TargetRunner:
             mask[:, :n, :n] = tree_mask
             mask[:, n:, n:] = torch.eye(pad, dtype=torch.bool, device=tree_mask.device)
             tree_mask = mask
-        with torch.no_grad(), self.capture:
-            logits = self.compiled(self.cache, tokens, positions, tree_mask, self.seq_lens, self._tree_start)
-            aux = self.compiled.copy_out(self.capture.take())
+        with torch.no_grad():
+            logits, aux = self.compiled(self.capture, self.cache, tokens, positions, tree_mask, self.seq_lens,
+                                        self._tree_start)
         return TargetOutput(logits[:, :n], [a[:, :n] for a in aux])
 
     def _sdpa_masks(self, tree_mask: torch.Tensor, positions: torch.Tensor, s: int) -> Union[torch.Tensor, dict]:

@@ -1,0 +1,108 @@
+"""A float32 target's compiled verify on CPU as AOTInductor packages on disk: token-identical to
+greedy decoding, built once and loaded by a later generator with the same weights, rebuilt
+for other weights, keyed by everything it was built from."""
+
+import copy
+
+import pytest
+import torch
+
+from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.engine.compiled_verify import packaged
+from eagle3_ext.engine.packaged_verify import package_dir, package_key, weights_digest
+from tiny_models import loaded_trained_pair
+
+PROMPTS = ["def value key item value key item value key", "class index count index count"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return loaded_trained_pair(str(tmp_path_factory.mktemp("packaged")), layers=4, steps=20)
+
+
+@pytest.mark.slow
+def test_a_float32_verify_is_built_once_and_loaded_by_the_next_generator(pair, tmp_path, monkeypatch):
+    """Identical to greedy decoding over consecutive calls; a second generator with the same
+    weights loads the package (nothing built, the same outputs); a target of the same shape with
+    other weights gets a package of its own and decodes with its weights. (ATen's GEMMs, the
+    tests' default, keep the builds short; the packages store them as they store the GEMM
+    template's.)"""
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
+    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path))
+    target, tok, draft = pair
+    other = copy.deepcopy(target)
+    with torch.no_grad():
+        for p in other.model.layers[-1].mlp.parameters():
+            p.mul_(1.5)
+    runs = []
+    for model in (target, target, other):
+        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+        assert gen.compiled.verify.packages is not None
+        outputs = [gen.generate(p, max_new_tokens=16, return_dict_in_generate=True).new_tokens for p in PROMPTS]
+        assert outputs == [hf_generate(model, tok, [p], 16)[0] for p in PROMPTS]
+        runs.append((gen.compiled.verify.packages.builds, sorted(p.name for p in tmp_path.glob("*.pt2")), outputs))
+    (built, files, first), (loaded, same_files, again), (rebuilt, more_files, theirs) = runs
+    assert built == 1 and len(files) == 1          # one shape: batch 1, chain 3, 512 slots
+    assert loaded == 0 and same_files == files and again == first
+    assert rebuilt == 1 and len(more_files) == 2 and theirs != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == more_files   # no partial file left behind
+
+
+@pytest.mark.slow
+def test_a_verify_that_cannot_be_exported_is_compiled_with_a_warning(pair, tmp_path, monkeypatch):
+    """A target whose forward ``torch.export`` cannot trace still decodes compiled: with
+    a warning that names the cause, through ``torch.compile``, identical to greedy decoding."""
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
+    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path))
+    target, tok, draft = pair
+
+    def unsupported(*args, **kwargs):
+        raise torch._dynamo.exc.Unsupported("a construct export does not trace")
+
+    monkeypatch.setattr(torch.export, "export", unsupported)
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    with pytest.warns(UserWarning, match=r"no AOTInductor package of the float32 verify forward of LlamaForCausalLM "
+                                         r"\(torch.export failed: Unsupported: a construct export does not trace\); "
+                                         r"it is compiled with torch.compile instead"):
+        out = gen.generate(PROMPTS[0], max_new_tokens=12, return_dict_in_generate=True)
+    assert out.new_tokens == hf_generate(target, tok, PROMPTS[:1], 12)[0]
+    assert gen.compiled.verify.packages is None and not list(tmp_path.iterdir())
+
+
+def test_the_package_key_names_weights_shapes_layers_and_settings(pair):
+    target, _, _ = pair
+    digest = weights_digest(target)
+    assert digest == weights_digest(copy.deepcopy(target))
+    nudged = copy.deepcopy(target)
+    with torch.no_grad():
+        nudged.model.layers[0].self_attn.q_proj.weight[0, 0] += 1e-6
+    assert weights_digest(nudged) != digest
+    config = target.config.to_json_string()
+    base = (digest, config, ((1, 4), 512), [0, 1, 2], {"freezing": True})
+    keys = {package_key(*base),
+            package_key(weights_digest(nudged), *base[1:]),
+            package_key(digest, config.replace("}", ', "x": 1}', 1), *base[2:]),
+            package_key(digest, config, ((1, 6), 512), *base[3:]),
+            package_key(digest, config, ((2, 4), 512), *base[3:]),
+            package_key(digest, config, ((1, 4), 1024), *base[3:]),
+            package_key(*base[:3], [1, 2, 3], base[4]),
+            package_key(*base[:4], {"freezing": True, "max_autotune": True})}
+    assert len(keys) == 8
+    assert package_key(*base) == package_key(*base)
+
+
+def test_packages_are_for_float32_on_cpu_and_can_be_turned_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
+    assert packaged(torch.zeros(1))
+    assert not packaged(torch.zeros(1, dtype=torch.bfloat16))
+    assert not packaged(torch.zeros(1, dtype=torch.float16))
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "0")
+    assert not packaged(torch.zeros(1))
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "on")
+    with pytest.raises(ValueError, match="EAGLE3_COMPILE_PACKAGES must be 0 or 1, got 'on'"):
+        packaged(torch.zeros(1))
+    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path / "here"))
+    assert package_dir() == tmp_path / "here"
+    monkeypatch.delenv("EAGLE3_PACKAGE_DIR")
+    assert package_dir().name == "eagle3_verify"
