@@ -54,7 +54,8 @@ def weights_digest(model: nn.Module) -> str:
     for name, t in sorted(model.state_dict(keep_vars=False).items()):
         t = t.detach().to("cpu").contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(-1).view(torch.uint8).numpy())   # hashed in place, not copied to bytes
     return h.hexdigest()
 
 
