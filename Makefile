@@ -11,6 +11,8 @@ VENV ?= .venv
 TORCH ?= cuda
 CUDA_ARCHS ?= 90a;80
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (each a test file at a time; 0 runs in this process).
+PYTEST_WORKERS ?= 2
 
 # CUTLASS/CuTe headers for the Hopper wgmma kernel: only the headers are used, so the wheel's
 # Python dependencies are not installed.
@@ -63,7 +65,7 @@ run: install
 	$(PY) -m eagle3_ext generate --baseline --depth 5 --topk 2 --num-draft-tokens 16 --lookup-tokens 10
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/bench_fused_aux_fc.py --out bench-results/fused_aux_fc_cpu.json

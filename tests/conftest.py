@@ -16,6 +16,13 @@ os.environ.setdefault("EAGLE3_COMPILE_CPP_WRAPPER", "0")
 # and shape); test_packaged_verify turns packages on.
 os.environ.setdefault("EAGLE3_COMPILE_PACKAGES", "0")
 
+# `make test` runs two pytest-xdist workers (a file each at a time): most tests here are bound by
+# Python and by compiling, one core each. Each worker computes on one thread, as two workers of
+# two threads would oversubscribe a 2-core machine; tests of the kernels' thread splits set their
+# own count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 HAS_CUDA = torch.cuda.is_available() and eagle3_ext.build_info()["cuda_compiled"]
 
 DEVICES = [

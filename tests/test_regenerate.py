@@ -9,13 +9,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from eagle3_ext.cli import main as cli_main
 from eagle3_ext.train.regenerate import PROVENANCE_KEY, RegenerateConfig, part_path, regenerate
+from torchrun import torchrun_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NEW_TOKENS = 10
@@ -304,11 +304,10 @@ def test_two_processes_write_what_one_writes(setup, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(
         [os.path.dirname(os.path.dirname(__import__("eagle3_ext").__file__)), HERE]
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "-m", "eagle3_ext", "train", "regenerate", "--target", str(setup["root"] / "target"),
-                          "--data", *setup["data"], "--out", str(out), "--max-new-tokens", str(NEW_TOKENS),
-                          "--batch-size", "2", "--device", "cpu", "--json"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run(torchrun_command(2) + [
+        "-m", "eagle3_ext", "train", "regenerate", "--target", str(setup["root"] / "target"), "--data",
+        *setup["data"], "--out", str(out), "--max-new-tokens", str(NEW_TOKENS), "--batch-size", "2", "--device",
+        "cpu", "--json"], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert len(reports) == 1, run.stdout  # rank 0 alone reports

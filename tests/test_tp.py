@@ -1,7 +1,6 @@
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from tiny_models import make_trained_pair
+from torchrun import torchrun_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 pytest.importorskip("accelerate")  # transformers' tensor parallelism needs it
@@ -25,8 +25,7 @@ def pair(tmp_path_factory):
 def torchrun(args, timeout):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(29500 + os.getpid() % 1000), *args],
+    return subprocess.run(torchrun_command(2) + list(args),
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from tiny_models import make_training_inputs
+from torchrun import torchrun_command
 
 COMMON = ["--max-len", "32", "--ttt-steps", "3", "--no-specforge-export", "--no-vllm-export", "--json"]
 
@@ -24,8 +25,7 @@ def setup(tmp_path_factory):
 def _train(setup, out, nproc, extra):
     args = ["-m", "eagle3_ext", "train", "--target", str(setup / "target"), "--data", str(setup / "data.txt"),
             "--out", str(out), *COMMON, *extra]
-    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                    "--nproc-per-node", str(nproc)]
+    launcher = [sys.executable] if nproc == 1 else torchrun_command(nproc)
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo: CPU processes
     run = subprocess.run(launcher + args, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -85,8 +85,7 @@ def test_tensor_parallel_target_matches_one_process(setup, tmp_path, nproc, tp):
 def _capture(setup, out, nproc, extra=()):
     args = ["-m", "eagle3_ext", "train", "capture", "--target", str(setup / "target"), "--data",
             str(setup / "data.txt"), "--out", str(out), "--max-len", "32", "--batch-tokens", "256", "--json", *extra]
-    launcher = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                    "--nproc-per-node", str(nproc)]
+    launcher = [sys.executable] if nproc == 1 else torchrun_command(nproc)
     run = subprocess.run(launcher + args, capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
     assert run.returncode == 0, run.stderr[-3000:]
