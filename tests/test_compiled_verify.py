@@ -88,8 +88,8 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     target, tok, draft = pair
     gen = SpeculativeGenerator(target, draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok, compile=True)
     # A stop token the first row emits early: rows finish at different rounds and the batch
-    # shrinks (a smaller batch is another shape).
-    # Two requests (each batch size costs its own graphs: a third would add minutes of compiling).
+    # shrinks (a smaller batch is another shape). Two requests: each batch size compiles its own
+    # graphs, and a third request added about two minutes.
     prompts = PROMPTS[:2]
     stop = hf_generate(target, tok, prompts[:1], 24, stop_at_eos=False)[0][0][5]
     expected = hf_generate(target, tok, prompts, 24, eos_token_id=stop)[0]
