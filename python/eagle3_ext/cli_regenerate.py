@@ -13,7 +13,7 @@ from .train.regenerate import RegenerateConfig
 
 def add_regenerate_arguments(parser) -> None:
     """The flags of ``eagle3 train regenerate`` on ``parser`` (an argparse parser)."""
-    parser.add_argument("--target", required=True, type=T.directory, metavar="DIR",
+    parser.add_argument("--target", required=True, type=T.target, metavar="DIR",
                         help="target model directory (AutoModelForCausalLM + a tokenizer with a chat template)")
     parser.add_argument("--data", required=True, nargs="+", type=T.readable_file, metavar="FILE",
                         help="JSONL files of {\"messages\": [...]} records (\"text\" / \"input_ids\" records pass "
@@ -48,6 +48,7 @@ def run_regenerate(args) -> int:
     from .distributed import init_from_env, rank, shutdown
     from .train.regenerate import regenerate
 
+    T.resolve_gguf_target(args)
     init_from_env()  # under torchrun: data-parallel ranks (a no-op otherwise)
     config = RegenerateConfig(target=args.target, data=args.data, out=args.out, draft=args.draft,
                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

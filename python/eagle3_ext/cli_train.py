@@ -14,7 +14,7 @@ from .engine.settings import MAX_SEED
 
 
 def add_capture_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, type=T.directory, help="target model directory")
+    p.add_argument("--target", required=True, type=T.target, help="target model directory")
     p.add_argument("--data", required=True, nargs="+", type=T.readable_file,
                    help="text files or JSONL (text / chat messages / input_ids), as `eagle3 train` reads them")
     p.add_argument("--out", required=True, type=T.output_directory, help="the cache directory to write")
@@ -42,6 +42,7 @@ def run_capture(args) -> int:
     from .distributed import init_from_env, rank, shutdown
     from .train.capture_cache import CaptureConfig, capture
 
+    T.resolve_gguf_target(args)
     init_from_env()
     config = CaptureConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
                            draft_vocab_size=args.draft_vocab_size, max_len=args.max_len, dtype=args.dtype,

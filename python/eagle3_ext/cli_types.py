@@ -8,6 +8,7 @@ import argparse
 from typing import Any, Callable, Optional
 
 from . import validation
+from .models.gguf_target import GGUF_SUFFIX, resolve_target
 
 
 def _adapt(check: Callable[[str, Any], Any], convert: Callable[[str], Any] = str,
@@ -44,3 +45,19 @@ text = _adapt(validation.text, expected="a non-empty value")
 readable_file = _adapt(validation.existing_file, expected="a readable file")
 directory = _adapt(validation.existing_dir, expected="a directory")
 output_directory = _adapt(validation.output_dir, expected="a directory to write into")
+
+
+def _target(name: str, value: str) -> str:
+    """A target: a model directory, or a .gguf file (converted on first use)."""
+    if value.endswith(GGUF_SUFFIX):
+        return validation.existing_file(name, value)
+    return validation.existing_dir(name, value)
+
+
+target = _adapt(_target, expected="a model directory or a .gguf file")
+
+
+def resolve_gguf_target(args: argparse.Namespace) -> None:
+    """Replaces a ``.gguf`` ``args.target`` by its converted directory in ``args.dtype``."""
+    if getattr(args, "target", None) is not None:
+        args.target = resolve_target(args.target, getattr(args, "dtype", None) or "float32")

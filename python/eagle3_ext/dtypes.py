@@ -13,3 +13,13 @@ def check_dtype_name(name: str, value: Optional[str]) -> None:
     """Raises a clear error naming the argument unless ``value`` is None or a key of DTYPES."""
     if value is not None and value not in DTYPES:
         raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
+
+
+def dtype_name(dtype: Optional[torch.dtype]) -> str:
+    """The name of ``dtype`` in DTYPES; None (a model's own dtype) is float32."""
+    if dtype is None:
+        return "float32"
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")

@@ -73,7 +73,25 @@ def fused_aux_fc(
         the draft was trained on. TypeError: for a wrong dtype or a non-tensor argument.
     """
     aux = list(aux_hidden) if isinstance(aux_hidden, (list, tuple)) else aux_hidden
+    _check_one_device(aux, weight, bias)
     return _call("fused_aux_fc", aux, weight, bias)
+
+
+def _check_one_device(aux: Any, weight: Any, bias: Any) -> None:
+    """fused_aux_fc's device checks (the C++ entries make the same) before the dispatcher sees
+    the call: it would hand a mix of CPU and CUDA tensors to the CUDA kernel, and on an H200
+    (torch 2.11) such a call crashed the process instead of reaching the kernel's check."""
+    if not isinstance(aux, list) or not aux or not all(isinstance(t, torch.Tensor) for t in aux):
+        return  # _call names the argument of the wrong type
+    first = aux[0].device
+    for i, t in enumerate(aux[1:], 1):
+        if t.device != first:
+            raise ValueError(f"eagle3.fused_aux_fc: aux_hidden[{i}] is on {t.device} but aux_hidden[0] is on "
+                             f"{first}; they must be on one device")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if isinstance(t, torch.Tensor) and t.device != first:
+            raise ValueError(f"eagle3.fused_aux_fc: {name} is on {t.device} but aux_hidden is on {first}; they "
+                             "must be on the same device")
 
 
 @torch.library.register_fake("eagle3::fused_aux_fc")

@@ -33,6 +33,7 @@ from .. import validation
 from ..dtypes import check_dtype_name
 from .baseline import hf_generate
 from .config import TreeConfig
+from .inputs import chat_prompt
 from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
 from .stats import GenerationStats
 
@@ -66,6 +67,8 @@ class BenchConfig:
     temperatures: Sequence[float] = (0.0,)    # a run per temperature and batch size; 0 = greedy
     top_p: float = 1.0                        # the sampled runs' top-p (1.0 = off)
     top_k: int = 0                            # the sampled runs' top-k (0 = off)
+    chat: Optional[bool] = None               # each prompt as a user turn of the chat template; None:
+                                              # where the target's tokenizer has a template
 
     def validate(self) -> List[str]:
         """Raises TypeError / ValueError naming the first bad field; returns the prompts to run."""
@@ -98,6 +101,8 @@ class BenchConfig:
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
         self._validate_sampling()
+        if self.chat is not None:
+            validation.boolean("chat", self.chat)
         return prompts
 
     def _validate_sampling(self) -> None:
@@ -120,8 +125,11 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     from .run import load_pair, resolve_models
 
     prompts = cfg.validate()
-    target_dir, draft_dir = resolve_models(cfg.target, cfg.draft)
+    target_dir, draft_dir = resolve_models(cfg.target, cfg.draft, cfg.dtype)
     target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype, cfg.draft_dtype)
+    chat = cfg.chat if cfg.chat is not None else getattr(tok, "chat_template", None) is not None
+    if chat:
+        prompts = [chat_prompt(p, tok) for p in prompts]
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
     if cfg.compile:  # beside each configuration, the same with its verify forward and draft loop compiled
         gens.update({f"{name}+compiled": SpeculativeGenerator(target, draft, tree, tokenizer=tok, compile=True)
@@ -133,7 +141,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
                               "dtype": str(target.dtype).removeprefix("torch."),
                               "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
-                              "max_new_tokens": cfg.max_new_tokens, "threads": torch.get_num_threads(), "runs": []}
+                              "max_new_tokens": cfg.max_new_tokens, "chat": chat, "threads": torch.get_num_threads(),
+                              "runs": []}
     hf_generate(target, tok, prompts[:1], 4)  # warm-up
     rates = measure_machine(target.dtype, str(target.device))
     report["machine"] = {**asdict(rates), "target_weights": weights_read(target), "draft_weights": weights_read(draft)}

@@ -40,6 +40,15 @@ def _render_chat(conversation: List[dict], tokenizer) -> List[int]:
     return [int(t) for t in rendered]
 
 
+def chat_prompt(text: str, tokenizer) -> str:
+    """``text`` as one user turn rendered with the tokenizer's chat template and a generation
+    prompt: what an instruct target is asked in a chat."""
+    if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("chat prompts need a tokenizer with a chat template")
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=False)
+
+
 def _encode(text: str, tokenizer) -> List[int]:
     if tokenizer is None:
         raise ValueError("string prompts need a tokenizer: pass tokenizer= or build the generator with one")

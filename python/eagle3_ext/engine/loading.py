@@ -10,7 +10,8 @@ from typing import Any, Optional, Tuple, Union
 import torch
 
 from ..draft.checkpoint import read_config
-from ..dtypes import DTYPES, check_dtype_name
+from ..dtypes import DTYPES, check_dtype_name, dtype_name
+from ..models.gguf_target import resolve_target
 
 DRAFT_MARKERS = ("eagle3_ext", "eagle_config", "speculators_model_type", "eagle_aux_hidden_state_layer_ids",
                  "draft_vocab_size")
@@ -129,7 +130,7 @@ def load_pair_for_generation(target: Any, draft: Any, tokenizer: Any = None,
     t_dtype, d_dtype = torch_dtype(dtype, "dtype"), torch_dtype(draft_dtype, "draft_dtype")
     device = check_device(device)
     if isinstance(target, (str, os.PathLike)):
-        target_dir = os.fspath(target)
+        target_dir = resolve_target(os.fspath(target), dtype_name(t_dtype))
         target = load_target(target_dir, t_dtype)
         if tokenizer is None:
             tokenizer = load_tokenizer(target_dir)

@@ -6,10 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from ..models import bundled_paths
+from ..models.gguf_target import resolve_target
 from .config import SamplingConfig, TreeConfig
+from .inputs import chat_prompt
 
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
+# Asked of a chat target (one whose tokenizer has a chat template) when no prompt is given.
+DEFAULT_CHAT_PROMPT = "Write a Python function that tells whether a number is prime, and explain how it works."
 
 
 @dataclass
@@ -36,6 +41,8 @@ class GenerateRequest:
     check_ranks: bool = False
     strict_capture: bool = True         # the capture guard raises (False: warns)
     compile: bool = False               # the verify forward as one compiled graph
+    chat: Optional[bool] = None         # the prompt as a user turn of the chat template (None: if the
+                                        # tokenizer has one)
 
     def __post_init__(self) -> None:
         from ..dtypes import check_dtype_name
@@ -86,13 +93,14 @@ class GenerateRequest:
                           else self.num_draft_tokens, lookup_tokens=lookup, lookup_ngram=ngram)
 
 
-def resolve_models(target: Optional[str], draft: Optional[str]):
+def resolve_models(target: Optional[str], draft: Optional[str], dtype: str = "float32"):
+    """(target directory, draft directory): the bundled pair when neither is given; a ``.gguf``
+    target becomes its converted directory in ``dtype`` (converted on first use)."""
     if (target is None) != (draft is None):
         raise ValueError("give both --target and --draft, or neither for the bundled pair")
     if target is None:
-        from ..models import bundled_paths
         return bundled_paths()
-    return target, draft
+    return resolve_target(target, dtype), draft
 
 
 def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional[str] = None):
@@ -107,15 +115,19 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     from ..distributed import tp
     from .generator import SpeculativeGenerator
 
-    target_dir, draft_dir = resolve_models(req.target, req.draft)
+    target_dir, draft_dir = resolve_models(req.target, req.draft, req.dtype)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
     gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
                                check_ranks=req.check_ranks or None, strict=req.strict_capture, compile=req.compile)
-    prompt = req.prompt if req.prompt is not None else DEFAULT_PROMPT
+    chat = req.chat if req.chat is not None else getattr(tokenizer, "chat_template", None) is not None
+    question = req.prompt if req.prompt is not None else DEFAULT_CHAT_PROMPT if chat else DEFAULT_PROMPT
+    prompt = chat_prompt(question, tokenizer) if chat else question
     streamer = None
     if progress and tp.rank() == 0:
         from transformers import TextStreamer
-        streamer = TextStreamer(tokenizer, skip_prompt=False)  # the prompt, then the completion
+        if chat:  # the question, then the answer (the template's markup left out)
+            print(f"user: {question}\nassistant: ", end="", flush=True)
+        streamer = TextStreamer(tokenizer, skip_prompt=chat, skip_special_tokens=chat)
     sample: Dict[str, Any] = dict(do_sample=False, seed=req.seed)
     if req.temperature > 0:  # the sampling options only when sampling (transformers warns otherwise)
         sample.update(do_sample=True, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
@@ -127,7 +139,8 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
                        **sample)
     stats = out.stats
     report: Dict[str, Any] = {
-        "prompt": prompt, "text": out.text[0], "tokens": out.new_tokens[0], "new_tokens": stats.new_tokens,
+        "prompt": prompt, "chat": chat, "text": out.text[0], "tokens": out.new_tokens[0],
+        "new_tokens": stats.new_tokens,
         "target_forwards": stats.target_forwards, "acceptance_length": stats.acceptance_length,
         "depth_acceptance": stats.depth_acceptance, "acceptance_bound": stats.acceptance_bound,
         "depth_acceptance_bound": stats.depth_acceptance_bound, "tokens_per_s": stats.tokens_per_s,

