@@ -8,6 +8,9 @@
 # regen-t07.jsonl (half the prompts answered greedily, half at temperature 0.7), runs/<variant>/
 # (each `eagle3 train --out`), packaged/<variant>/ and timings.tsv (seconds per stage).
 # A stage whose output exists is skipped, so a rerun continues.
+# The shipped draft was trained on the 5120 conversations in
+# python/eagle3_ext/models/smollm2/regenerated.jsonl.gz (greedy half first): to train on exactly
+# those, gunzip them into WORK/regen-greedy.jsonl and run with REGENERATE=0.
 #
 # Environment (defaults in brackets):
 #   PY [python3]            the interpreter with eagle3_ext installed

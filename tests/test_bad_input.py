@@ -24,6 +24,7 @@ TRAIN = ["train", "--target", "{tiny}", "--data", "{good_text}", "--out", "{out}
 FROM_CACHE = ["train", "--out", "{out}", "--max-steps", "1", "--no-specforge-export", "--no-vllm-export"]
 DOCTOR = ["doctor", "--max-examples", "2", "--acceptance-prompts", "0", "--max-len", "32", "--prompt-tokens", "8"]
 PAIR = ["--target", "{target}", "--draft", "{draft}"]
+CONVERT = ["convert", "{a_file}", "{out}"]
 
 # (base command line, option, class of bad value, the arguments that carry it, text the error must hold)
 CLI_CASES = [
@@ -128,6 +129,12 @@ CLI_CASES = [
     (GEN, "--no-strict-capture", "wrong type", ["--no-strict-capture=0"], "--no-strict-capture: ignored explicit"),
     (GEN, "--json", "wrong type", ["--json=1"], "--json: ignored explicit argument '1'"),
     (GEN, "--compile", "wrong type", ["--compile=1"], "--compile: ignored explicit argument '1'"),
+    (GEN, "--target", "missing path", ["--target", "{missing}.gguf", "--draft", "{draft}"],
+     "--target: {missing}.gguf does not exist"),
+    (GEN, "--pair", "wrong type", ["--pair", "llama"], "--pair: invalid choice: 'llama'"),
+    (GEN, "--pair", "mismatched pair", ["--pair", "toy"] + PAIR, "--pair names both models"),
+    (GEN, "--no-chat", "wrong type", ["--chat=1"], "ignored explicit argument '1'"),
+    (GEN, "--no-chat", "wrong model kind", ["--chat"], "chat prompts need a tokenizer with a chat template"),
     # --- bench ------------------------------------------------------------------------------------
     (BENCH, "--target", "missing path", ["--target", "{missing}", "--draft", "{draft}"],
      "--target: {missing} does not"),
@@ -193,6 +200,15 @@ CLI_CASES = [
      "--no-compiled-baseline: ignored explicit argument '1'"),
     (BENCH, "--compile", "wrong type", ["--compile=yes"], "--compile: ignored explicit argument 'yes'"),
     (BENCH, "--no-llama-cpp", "wrong type", ["--no-llama-cpp=no"], "--no-llama-cpp: ignored explicit argument 'no'"),
+    (BENCH, "--pair", "wrong type", ["--pair", "smol"], "--pair: invalid choice: 'smol'"),
+    (BENCH, "--pair", "mismatched pair", ["--pair", "toy"] + PAIR, "--pair names both models"),
+    (BENCH, "--no-chat", "wrong type", ["--no-chat=0"], "ignored explicit argument '0'"),
+    (BENCH, "--no-chat", "wrong model kind", ["--chat"], "chat prompts need a tokenizer with a chat template"),
+    # --- convert ----------------------------------------------------------------------------------
+    (CONVERT, "--dtype", "wrong type", ["--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
+    (CONVERT, "--json", "wrong type", ["--json=1"], "--json: ignored explicit argument '1'"),
+    (CONVERT, "gguf", "wrong model kind", [], "gguf file {a_file} is not a file named *.gguf"),
+    (["convert", "{missing}.gguf", "{out}"], "gguf", "missing path", [], "{missing}.gguf does not exist"),
     # --- train ------------------------------------------------------------------------------------
     (TRAIN, "--target", "missing path", ["--target", "{missing}"], "--target: {missing} does not exist"),
     (TRAIN, "--target", "unreadable path", ["--target", "{a_file}"], "is a file, expected a directory"),

@@ -94,8 +94,10 @@ def test_an_architecture_transformers_cannot_read_is_named(tmp_path):
 
 
 def test_convert_rejects_bad_arguments(source, tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist or does not end in .gguf"):
+    with pytest.raises(FileNotFoundError, match="missing.gguf does not exist"):
         convert(str(tmp_path / "missing.gguf"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="is not a file named \\*.gguf"):
+        convert(str(tmp_path), str(tmp_path / "out"))
     with pytest.raises(FileExistsError, match="exists already"):
         convert(source[1], str(tmp_path))
     with pytest.raises(ValueError, match="dtype must be one of"):

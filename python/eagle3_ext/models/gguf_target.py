@@ -37,6 +37,16 @@ def is_gguf(path) -> bool:
     return isinstance(path, (str, os.PathLike)) and str(path).endswith(GGUF_SUFFIX) and os.path.isfile(path)
 
 
+def check_gguf_file(path) -> None:
+    """A clear error unless ``path`` is an existing file named ``*.gguf``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"gguf file must be a path, got {type(path).__name__}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"gguf file {os.fspath(path)} does not exist")
+    if not is_gguf(path):
+        raise ValueError(f"gguf file {os.fspath(path)} is not a file named *{GGUF_SUFFIX}")
+
+
 def default_cache_dir() -> str:
     """Where converted GGUF targets are kept unless a ``cache_dir`` is given."""
     root = os.environ.get("EAGLE3_CACHE_DIR")
@@ -82,8 +92,7 @@ def convert(path: str, out_dir: str, dtype: str = "float32") -> str:
     temporary name beside it and renamed, so it is whole or absent."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not is_gguf(path):
-        raise FileNotFoundError(f"gguf file {path!r} does not exist or does not end in {GGUF_SUFFIX}")
+    check_gguf_file(path)
     check_dtype_name("dtype", dtype)
     if os.path.exists(out_dir):
         raise FileExistsError(f"out_dir {out_dir} exists already; name a new directory")
@@ -122,8 +131,7 @@ def convert(path: str, out_dir: str, dtype: str = "float32") -> str:
 def cached_target(path: str, dtype: str = "float32", cache_dir: Optional[str] = None) -> str:
     """The converted directory of GGUF file ``path`` in ``dtype``, converting it on first use."""
     check_dtype_name("dtype", dtype)
-    if not is_gguf(path):
-        raise FileNotFoundError(f"gguf file {path!r} does not exist or does not end in {GGUF_SUFFIX}")
+    check_gguf_file(path)
     root = cache_dir or default_cache_dir()
     out = os.path.join(root, f"{file_sha256(path)[:20]}-{dtype}")
     if os.path.exists(os.path.join(out, PROVENANCE_FILE)):
@@ -131,7 +139,7 @@ def cached_target(path: str, dtype: str = "float32", cache_dir: Optional[str] = 
     logger.warning("converting %s into %s once (later runs load the converted copy)", path, out)
     try:
         return convert(path, out, dtype)
-    except FileExistsError:  # another process converted it meanwhile
+    except OSError:  # another process converted it meanwhile (its rename came first)
         if os.path.exists(os.path.join(out, PROVENANCE_FILE)):
             return out
         raise
