@@ -114,6 +114,9 @@ def convert(path: str, out_dir: str, dtype: str = "float32") -> str:
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".converting-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # a directory like any other, not mkdtemp's private one
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
