@@ -33,7 +33,7 @@ from .. import validation
 from ..dtypes import check_dtype_name
 from .baseline import hf_generate
 from .config import TreeConfig
-from .inputs import chat_prompt
+from .inputs import chat_prompt, uses_chat
 from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
 from .stats import GenerationStats
 
@@ -127,7 +127,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     prompts = cfg.validate()
     target_dir, draft_dir = resolve_models(cfg.target, cfg.draft, cfg.dtype)
     target, draft, tok = load_pair(target_dir, draft_dir, cfg.dtype, cfg.draft_dtype)
-    chat = cfg.chat if cfg.chat is not None else getattr(tok, "chat_template", None) is not None
+    chat = uses_chat(cfg.chat, tok)
     if chat:
         prompts = [chat_prompt(p, tok) for p in prompts]
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}

@@ -40,6 +40,12 @@ def _render_chat(conversation: List[dict], tokenizer) -> List[int]:
     return [int(t) for t in rendered]
 
 
+def uses_chat(chat: Optional[bool], tokenizer) -> bool:
+    """Whether prompts are asked as chat turns: ``chat`` when given, else whether the
+    tokenizer has a chat template."""
+    return chat if chat is not None else getattr(tokenizer, "chat_template", None) is not None
+
+
 def chat_prompt(text: str, tokenizer) -> str:
     """``text`` as one user turn rendered with the tokenizer's chat template and a generation
     prompt: what an instruct target is asked in a chat."""

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 from ..models import bundled_paths
 from ..models.gguf_target import resolve_target
 from .config import SamplingConfig, TreeConfig
-from .inputs import chat_prompt
+from .inputs import chat_prompt, uses_chat
 
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
@@ -119,7 +119,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
     gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
                                check_ranks=req.check_ranks or None, strict=req.strict_capture, compile=req.compile)
-    chat = req.chat if req.chat is not None else getattr(tokenizer, "chat_template", None) is not None
+    chat = uses_chat(req.chat, tokenizer)
     question = req.prompt if req.prompt is not None else DEFAULT_CHAT_PROMPT if chat else DEFAULT_PROMPT
     prompt = chat_prompt(question, tokenizer) if chat else question
     streamer = None
