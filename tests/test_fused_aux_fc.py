@@ -289,6 +289,9 @@ def test_error_device_mismatch_never_reaches_a_kernel():
         fused_aux_fc(aux, weight.to("meta"))
     with pytest.raises(ValueError, match=r"bias is on meta but aux_hidden is on cpu"):
         fused_aux_fc(aux, weight, b.to("meta"))
+    # the op itself (no wrapper) reaches the fake kernel with the mix, which checks the same
+    with pytest.raises(ValueError, match=r"aux_hidden\[2\] is on meta but aux_hidden\[0\] is on cpu"):
+        torch.ops.eagle3.fused_aux_fc([aux[0], aux[1], aux[2].to("meta")], weight, None)
 
 
 @pytest.mark.cuda

@@ -75,11 +75,19 @@ def test_docstring_sentences_become_tasks(sentence, task):
 
 def test_generated_reasoning_problems_have_whole_answers():
     import random
+    import re
 
     rng = random.Random(0)
+    ages = 0
     for _ in range(200):
         text = reasoning_problem(rng)
         assert text.endswith(("step by step.", "Show your reasoning.", "Explain your answer."))
+        m = re.search(r"is (\d+) years older than \w+\. In (\d+) years the sum of their ages will be (\d+)\.", text)
+        if m:  # the younger one's age now: (total - older_by - 2 * years) / 2, a positive whole number
+            older_by, years, total = map(int, m.groups())
+            assert (total - older_by - 2 * years) % 2 == 0 and total - older_by - 2 * years > 0, text
+            ages += 1
+    assert ages > 20  # the age problems were drawn and checked
 
 
 @pytest.mark.slow

@@ -96,6 +96,9 @@ def _check_one_device(aux: Any, weight: Any, bias: Any) -> None:
 
 @torch.library.register_fake("eagle3::fused_aux_fc")
 def _fused_aux_fc_fake(aux_hidden, weight, bias):
+    # The dispatcher sends a mix of meta and CPU tensors here: the same device check as the real
+    # kernels, or the call would return an empty CPU tensor.
+    _check_one_device(list(aux_hidden), weight, bias)
     first = aux_hidden[0]
     torch._check_value(
         weight.dim() == 2 and weight.size(1) == len(aux_hidden) * first.size(-1),
