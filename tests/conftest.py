@@ -6,15 +6,14 @@ import pytest
 import torch
 
 import eagle3_ext  # noqa: F401  (registers torch.ops.eagle3)
+from eagle3_ext import CompileOptions
 
-# compile=True autotunes the GEMMs of every graph on CPU (tens of seconds a graph) and builds a
-# C++ wrapper for it (more seconds). The tests compile graphs for many tiny models, so they build
-# them without either (weights still frozen); test_compiled_verify's autotuned test sets both back.
-os.environ.setdefault("EAGLE3_COMPILE_AUTOTUNE", "0")
-os.environ.setdefault("EAGLE3_COMPILE_CPP_WRAPPER", "0")
-# A float32 verify on CPU is built as an AOTInductor package (a C++ build of its own, per model
-# and shape); test_packaged_verify turns packages on.
-os.environ.setdefault("EAGLE3_COMPILE_PACKAGES", "0")
+# compile=True (CompileOptions()) autotunes the GEMMs of every graph on CPU (tens of seconds a
+# graph), builds a C++ wrapper for it (more seconds) and builds a float32 verify as an
+# AOTInductor package (a C++ build of its own, per model and shape). The tests compile graphs
+# for many tiny models, so they pass compile=FAST_COMPILE (weights still frozen);
+# test_compiled_verify's autotuned test runs the default, test_packaged_verify turns packages on.
+FAST_COMPILE = CompileOptions(autotune=False, cpp_wrapper=False, packages=False)
 
 # `make test` runs two pytest-xdist workers (a file each at a time): most tests here are bound by
 # Python and by compiling, one core each. Each worker computes on one thread, as two workers of
@@ -61,10 +60,19 @@ def cpu_flags():
 
 # CPU kernels built for several ISAs (tree_attention: AVX-512, AVX2 + FMA, portable;
 # fused_aux_fc's streaming kernel: AVX-512, AVX2, none) run the widest the CPU has;
-# EAGLE3_CPU_ISA=avx2 or =generic caps the choice, so every build this machine runs is tested.
+# eagle3_ext.ops.set_cpu_isa("avx2") or ("generic") caps the choice (the fixture cpu_isa), so every
+# build this machine runs is tested.
 CAPPED_BUILDS = [pytest.param("generic", id="generic"),
                  pytest.param("avx2", id="avx2", marks=pytest.mark.skipif(
                      not {"avx2", "fma", "f16c"} <= set(cpu_flags()), reason="this CPU has no AVX2 + FMA + F16C"))]
+
+
+@pytest.fixture
+def cpu_isa():
+    """``eagle3_ext.ops.set_cpu_isa``, for this test: the cap before it comes back after it."""
+    previous = eagle3_ext.ops.get_cpu_isa()
+    yield eagle3_ext.ops.set_cpu_isa
+    eagle3_ext.ops.set_cpu_isa(previous)
 
 
 def calls_after_a_first(fn, args, names):

@@ -9,7 +9,9 @@ import eagle3_ext
 from eagle3_ext.engine.inputs import prepare
 from eagle3_ext.engine.settings import HF_DEFAULTS
 from eagle3_ext.engine.stopping import StopRule
+from conftest import FAST_COMPILE
 from sampling_stats import chi_square, chi_square_bound, exact_joint, make_small_vocab_pair, sample_joint
+from recording_streamer import RecordingStreamer
 from tiny_models import make_trained_pair
 
 PROMPTS = ["def print return", "class value key item index count self", "for", "import lambda yield self print"]
@@ -136,15 +138,53 @@ def test_attention_and_mode_restored_after_a_call_that_raises(gen):
     gen.target.eval()
 
 
-class RecordingStreamer:
-    def __init__(self):
-        self.puts, self.ended = [], False
+class StopAfterToken:
+    """Stops a row once its last token is ``token`` (a StoppingCriteria: [B, L] ids, [B, V] scores)."""
 
-    def put(self, value):
-        self.puts.append(value.clone())
+    def __init__(self, token):
+        self.token = token
 
-    def end(self):
-        self.ended = True
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+class StopAtWidth:
+    """Stops every row once the output is ``width`` columns wide, left padding included."""
+
+    def __init__(self, width):
+        self.width = width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[-1] >= self.width, dtype=torch.bool)
+
+
+def test_stopping_criteria_match_hf_on_a_left_padded_batch(gen):
+    from transformers import StoppingCriteriaList
+    batch = gen.tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    width = batch["input_ids"].shape[1]
+    plain = gen.target.generate(**batch, max_new_tokens=16, do_sample=False)
+    # The 6th new token of row 1 stops row 1 there (and any other row that emits it); a width
+    # stops every row. A row that stops is padded (there is an EOS token), as after an EOS.
+    cases = [StopAfterToken(int(plain[1, width + 5])), StopAtWidth(width + 7)]
+    for criterion in cases:
+        criteria = StoppingCriteriaList([criterion])
+        want = gen.target.generate(**batch, max_new_tokens=16, do_sample=False, stopping_criteria=criteria)
+        got = gen.generate(**batch, max_new_tokens=16, stopping_criteria=criteria,
+                           return_dict_in_generate=True)
+        assert not torch.equal(want, plain), type(criterion).__name__  # it did stop a row early
+        assert torch.equal(got.sequences, want), type(criterion).__name__
+        assert "stop" in got.finish_reasons
+
+
+def test_stopping_criteria_with_the_compiled_round(pair):
+    from transformers import StoppingCriteriaList
+    gen = eagle3_ext.SpeculativeGenerator.from_pretrained(*pair, dtype="float32", tree=eagle3_ext.TreeConfig(4, 2, 8),
+                                                          compile=FAST_COMPILE)
+    batch = gen.tokenizer(PROMPTS[:2], return_tensors="pt", padding=True, padding_side="left")
+    plain = gen.target.generate(**batch, max_new_tokens=12, do_sample=False)
+    criteria = StoppingCriteriaList([StopAfterToken(int(plain[0, -6]))])
+    want = gen.target.generate(**batch, max_new_tokens=12, do_sample=False, stopping_criteria=criteria)
+    assert torch.equal(gen.generate(**batch, max_new_tokens=12, stopping_criteria=criteria), want)
 
 
 def test_streamer_at_batch_3(gen):

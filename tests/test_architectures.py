@@ -17,6 +17,7 @@ import torch
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
+from conftest import FAST_COMPILE
 from tiny_models import ARCH_SETTINGS, corpus, make_trained_pair
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "deepseek_v3",
@@ -98,7 +99,7 @@ def test_compiled_is_identical_with_sliding_windows_and_a_soft_cap(tmp_path_fact
     tok = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     draft = Eagle3DraftModel.from_pretrained(str(d / "draft"), target_config=target.config)
-    gen = SpeculativeGenerator(target, draft, TREES["tree-d4-k2-n8"], compile=True)
+    gen = SpeculativeGenerator(target, draft, TREES["tree-d4-k2-n8"], compile=FAST_COMPILE)
     batch = prompts(tok, 2)  # a third request would compile a third batch size's graphs (minutes)
     out = gen.generate(batch, max_new_tokens=NEW_TOKENS, eos_token_id=[], return_dict_in_generate=True)
     assert out.new_tokens == [hf_greedy(target_dir, p) for p in batch]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import eagle3_ext
-from eagle3_ext import Eagle3DraftConfig, Eagle3DraftModel, SpeculativeGenerator, TreeConfig, ops
+from eagle3_ext import CompileOptions, Eagle3DraftConfig, Eagle3DraftModel, SpeculativeGenerator, TreeConfig, ops
 from eagle3_ext.doctor import diagnose
 from eagle3_ext.engine import memory
 from eagle3_ext.engine.bench import BenchConfig, run_bench
@@ -103,10 +103,33 @@ CASES = [
     ("SpeculativeGenerator", "strict", "wrong type",
      lambda c: SpeculativeGenerator(c.gen.target, c.gen.draft, strict="no"), TypeError, "strict must be True or"),
     ("SpeculativeGenerator", "compile", "wrong type",
-     lambda c: SpeculativeGenerator(c.gen.target, c.gen.draft, compile=1), TypeError, "compile must be True or False"),
+     lambda c: SpeculativeGenerator(c.gen.target, c.gen.draft, compile=1), TypeError,
+     "compile must be True, False, None or a CompileOptions, got 1 (int)"),
+    ("SpeculativeGenerator", "compile", "wrong type",
+     lambda c: SpeculativeGenerator(c.gen.target, c.gen.draft, compile={"autotune": False}), TypeError,
+     "compile must be True, False, None or a CompileOptions"),
+    ("SpeculativeGenerator", "check_ranks", "wrong type",
+     lambda c: SpeculativeGenerator(c.gen.target, c.gen.draft, check_ranks=None), TypeError,
+     "check_ranks must be True or False, got None"),
     ("SpeculativeGenerator", "compile", "mismatched pair",
      lambda c: SpeculativeGenerator(c.gen.target, c.gen.draft, attention="sdpa", compile=True), ValueError,
      "compile=True needs attention='tree'"),
+    ("from_pretrained", "compile", "wrong type",
+     lambda c: SpeculativeGenerator.from_pretrained(c.p["missing"], c.draft, compile="yes"), TypeError,
+     "compile must be True, False, None or a CompileOptions, got 'yes' (str)"),  # before the models load
+    # --- CompileOptions -------------------------------------------------------------------------
+    ("CompileOptions", "autotune", "wrong type", lambda c: CompileOptions(autotune=1), TypeError,
+     "CompileOptions.autotune must be True or False, got 1 (int)"),
+    ("CompileOptions", "cpp_wrapper", "wrong type", lambda c: CompileOptions(cpp_wrapper="no"), TypeError,
+     "CompileOptions.cpp_wrapper must be True or False, got 'no' (str)"),
+    ("CompileOptions", "cuda_graphs", "wrong type", lambda c: CompileOptions(cuda_graphs=None), TypeError,
+     "CompileOptions.cuda_graphs must be True or False, got None"),
+    ("CompileOptions", "packages", "wrong type", lambda c: CompileOptions(packages=0), TypeError,
+     "CompileOptions.packages must be True or False, got 0 (int)"),
+    ("CompileOptions", "package_dir", "wrong type", lambda c: CompileOptions(package_dir=3), TypeError,
+     "CompileOptions.package_dir must be a path (str or os.PathLike), got int"),
+    ("CompileOptions", "package_dir", "empty", lambda c: CompileOptions(package_dir=""), ValueError,
+     "CompileOptions.package_dir must be a non-empty path, got ''"),
     ("from_pretrained", "target", "missing path", lambda c: SpeculativeGenerator.from_pretrained(c.p["missing"],
                                                                                               c.draft),
      FileNotFoundError, "target directory"),
@@ -217,6 +240,8 @@ CASES = [
     ("generate", "stop_strings", "wrong type", lambda c: c.generate(stop_strings=[3]), TypeError, "stop_strings"),
     ("generate", "logits_processor", "wrong type", lambda c: c.generate(logits_processor=3), TypeError,
      "logits_processor must be a LogitsProcessorList"),
+    ("generate", "stopping_criteria", "wrong type", lambda c: c.generate(stopping_criteria=3), TypeError,
+     "stopping_criteria must be a StoppingCriteriaList"),
     ("generate", "streamer", "wrong type", lambda c: c.generate(streamer=print), TypeError,
      "streamer must have put() and end() methods"),
     ("generate", "generation_config", "wrong type", lambda c: c.generate(generation_config={"max_new_tokens": 3}),
@@ -326,7 +351,7 @@ CASES = [
     ("run_bench", "llama_cpp", "wrong type", lambda c: c.bench(llama_cpp=1), TypeError,
      "llama_cpp must be True or False, got 1 (int)"),
     ("run_bench", "compile", "wrong type", lambda c: c.bench(compile="on"), TypeError,
-     "compile must be True or False, got 'on' (str)"),
+     "compile must be True, False, None or a CompileOptions, got 'on' (str)"),
     ("run_bench", "temperatures", "negative", lambda c: c.bench(temperatures=[0.7, -1.0]), ValueError,
      "temperatures[1] must be a number >= 0, got -1"),
     ("run_bench", "temperatures", "wrong type", lambda c: c.bench(temperatures=0.7), TypeError,
@@ -382,6 +407,15 @@ CASES = [
      ValueError, "weight expects 16 = 2 x 8"),
     ("tree_attention", "scale", "wrong type", lambda c: ops.tree_attention(*_tensor_args("tree_attention")[:5], "0.3"),
      TypeError, "eagle3.tree_attention: scale must be a float, got str"),
+    ("tree_attention", "validate", "wrong type",
+     lambda c: ops.tree_attention(*_tensor_args("tree_attention"), validate=1), TypeError,
+     "eagle3.tree_attention: validate must be True, False or None, got 1 (int)"),
+    ("cuda_validation", "on", "wrong type", lambda c: ops.cuda_validation("yes").__enter__(), TypeError,
+     "cuda_validation: on must be True or False, got 'yes' (str)"),
+    ("set_cpu_isa", "isa", "wrong type", lambda c: ops.set_cpu_isa(2), TypeError,
+     "set_cpu_isa: isa must be one of 'generic', 'avx2', 'avx512' or None, got 2 (int)"),
+    ("set_cpu_isa", "isa", "unknown name", lambda c: ops.set_cpu_isa("AVX2"), ValueError,
+     "set_cpu_isa: isa must be one of 'generic', 'avx2', 'avx512' or None, got 'AVX2'"),
     ("tree_attention", "window", "negative",
      lambda c: ops.tree_attention(*_tensor_args("tree_attention"), window=-1), ValueError, "window must be 0"),
     ("tree_attention", "window", "wrong type",

@@ -121,7 +121,10 @@ def test_round_cost_is_counted_in_decode_steps():
     assert cost["draft_step_ms"] == pytest.approx(0.2 / 10 / 4 * 1e3)  # four draft forwards a round
 
 
-def test_compile_adds_a_compiled_row_per_configuration(pair, capsys):
+def test_compile_adds_a_compiled_row_per_configuration(pair, capsys, monkeypatch):
+    # --compile is CompileOptions(); the environment's overrides make it the tests' FAST_COMPILE.
+    for name in ("EAGLE3_COMPILE_AUTOTUNE", "EAGLE3_COMPILE_CPP_WRAPPER", "EAGLE3_COMPILE_PACKAGES"):
+        monkeypatch.setenv(name, "0")
     rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
                    str(pair / "prompts.jsonl"), "--num-prompts", "1", "--max-new-tokens", "8", "--batch-sizes", "1",
                    "--tree", "3,1,4", "--compile", "--no-compiled-baseline", "--no-llama-cpp",

@@ -11,6 +11,7 @@ from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE
 from eagle3_ext.engine.config import SamplingConfig, TreeConfig
 from eagle3_ext.engine.drafting import (DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend,
                                         extend_and_steps)
+from conftest import FAST_COMPILE
 from sampling_stats import chi_square_bound
 from tiny_models import DRAFT_VOCAB, H, VOCAB, make_draft
 
@@ -65,7 +66,7 @@ def test_compiled_round_equals_eager_extend_then_steps(tree):
     draft = make_draft(seed=4)
     b = 2
     seq_lens = torch.tensor([43, 42])
-    compiled = CompiledDraft("cpu")
+    compiled = CompiledDraft("cpu", FAST_COMPILE)
 
     def run(pairs, fn):
         cache = _primed_cache(draft, b, 128)
@@ -105,7 +106,7 @@ def test_compiled_steps_equal_eager_steps_and_compile_once(tree):
     root_hidden = torch.randn(b, H, generator=torch.Generator().manual_seed(7))
     seq_lens = torch.full((b,), 40)
     sampling = SamplingConfig(temperature=0.9)
-    compiled = CompiledDraft("cpu")
+    compiled = CompiledDraft("cpu", FAST_COMPILE)
 
     def run(fn, seed):
         cache = _primed_cache(draft, b, 128)
@@ -167,7 +168,7 @@ def test_later_calls_run_the_graph_of_their_own_model_and_settings():
     root_hidden = torch.randn(b, H, generator=torch.Generator().manual_seed(7))
     seq_lens = torch.full((b,), 40)
     drafts = {"a": make_draft(seed=5), "b": make_draft(seed=8)}
-    compiled = {name: CompiledDraft("cpu") for name in drafts}
+    compiled = {name: CompiledDraft("cpu", FAST_COMPILE) for name in drafts}
 
     def run(name, fn, temperature):
         draft = drafts[name]

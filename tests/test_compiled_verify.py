@@ -7,12 +7,12 @@ import copy
 import pytest
 import torch
 
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine import CompileOptions, SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.engine.divergence import first_divergence, fp32_reference
 from eagle3_ext.engine.compiled_verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
                                                  static_capacity)
-from conftest import HAS_CUDA, calls_after_a_first
+from conftest import FAST_COMPILE, HAS_CUDA, calls_after_a_first
 from tiny_models import loaded_trained_pair
 
 PROMPTS = ["def value key item value key item value key", "class index count index count",
@@ -32,11 +32,9 @@ def test_buckets_and_capacity():
     assert static_capacity(CAPACITY_MULTIPLE, 1, 16) == 2 * CAPACITY_MULTIPLE
 
 
-def test_linears_of_one_input_are_one_gemm_in_a_cpu_graph(monkeypatch):
+def test_linears_of_one_input_are_one_gemm_in_a_cpu_graph():
     """A float32 target's q, k and v (and gate and up) read one input: in the compiled graph they
     are one GEMM over the concatenated weights, and compute the same."""
-    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")      # ATen's packed GEMM: countable, fast to build
-    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "0")
     torch.manual_seed(0)
     layers = torch.nn.ModuleList(torch.nn.Linear(64, out, bias=False) for out in (64, 32, 32)).eval()
     x = torch.randn(6, 64)
@@ -47,7 +45,7 @@ def test_linears_of_one_input_are_one_gemm_in_a_cpu_graph(monkeypatch):
             return calls_after_a_first(fn, (x,), ("mkl::_mkl_linear", "aten::mm", "aten::addmm"))
 
     torch._dynamo.reset()
-    settings = inductor_settings(torch.device("cpu"))
+    settings = inductor_settings(torch.device("cpu"), FAST_COMPILE)  # ATen's packed GEMM: countable, fast to build
     concatenated, one = gemms(settings)
     torch._dynamo.reset()
     separate, three = gemms({**settings, "cpp.enable_concat_linear": False})
@@ -58,35 +56,50 @@ def test_linears_of_one_input_are_one_gemm_in_a_cpu_graph(monkeypatch):
             torch.testing.assert_close(b, layer(x))
 
 
-def test_inductor_settings(monkeypatch):
+def test_inductor_settings():
     frozen = {"freezing": True, "cpp.enable_concat_linear": True}
     autotuned = {**frozen, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                  "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
-    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
-    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
-    assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}
-    assert inductor_settings(torch.device("cuda")) == {"triton.cudagraphs": True}   # CUDA graphs by default
-    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "0")
-    assert inductor_settings(torch.device("cpu")) == autotuned
-    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "0")
-    assert inductor_settings(torch.device("cpu")) == frozen
-    monkeypatch.delenv("EAGLE3_COMPILE_AUTOTUNE")
-    monkeypatch.delenv("EAGLE3_COMPILE_CPP_WRAPPER")
-    assert inductor_settings(torch.device("cpu")) == {**autotuned, "cpp_wrapper": True}  # both on by default
-    monkeypatch.setenv("EAGLE3_COMPILE_CUDA_GRAPHS", "0")
-    assert inductor_settings(torch.device("cuda")) == {} and not cuda_graphs(torch.device("cuda"))
-    assert not cuda_graphs(torch.device("cpu"))
-    for name, device in (("EAGLE3_COMPILE_AUTOTUNE", "cpu"), ("EAGLE3_COMPILE_CPP_WRAPPER", "cpu"),
-                         ("EAGLE3_COMPILE_CUDA_GRAPHS", "cuda")):
-        monkeypatch.setenv(name, "yes")
-        with pytest.raises(ValueError, match=f"{name} must be 0 or 1, got 'yes'"):
-            inductor_settings(torch.device(device))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    default = CompileOptions()
+    assert inductor_settings(cpu, default) == {**autotuned, "cpp_wrapper": True}  # both on by default
+    assert inductor_settings(cuda, default) == {"triton.cudagraphs": True}   # CUDA graphs by default
+    assert inductor_settings(cpu, CompileOptions(cpp_wrapper=False)) == autotuned
+    assert inductor_settings(cpu, CompileOptions(autotune=False)) == {**frozen, "cpp_wrapper": True}
+    assert inductor_settings(cpu, FAST_COMPILE) == frozen
+    no_graphs = CompileOptions(cuda_graphs=False)
+    assert inductor_settings(cuda, no_graphs) == {} and not cuda_graphs(cuda, no_graphs)
+    assert not cuda_graphs(cpu, default) and cuda_graphs(cuda, default)
+
+
+def test_environment_variables_override_the_options(monkeypatch, tmp_path):
+    """Each EAGLE3_COMPILE_* variable, when set, replaces its field (the code's value too); a
+    generator reads them once, when it is built."""
+    switches = {"autotune": "EAGLE3_COMPILE_AUTOTUNE", "cpp_wrapper": "EAGLE3_COMPILE_CPP_WRAPPER",
+                "cuda_graphs": "EAGLE3_COMPILE_CUDA_GRAPHS", "packages": "EAGLE3_COMPILE_PACKAGES"}
+    for name in (*switches.values(), "EAGLE3_PACKAGE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert CompileOptions().with_environment() == CompileOptions()
+    for field, name in switches.items():
+        monkeypatch.setenv(name, "0")
+        assert getattr(CompileOptions().with_environment(), field) is False
         monkeypatch.setenv(name, "1")
+        assert getattr(CompileOptions(**{field: False}).with_environment(), field) is True
+        monkeypatch.setenv(name, "")   # empty: not set
+        assert getattr(CompileOptions(**{field: False}).with_environment(), field) is False
+        monkeypatch.setenv(name, "yes")
+        with pytest.raises(ValueError, match=f"{name} \\(it overrides CompileOptions.{field}\\) must be 0 or 1, "
+                                             "got 'yes'"):
+            CompileOptions().with_environment()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path / "here"))
+    assert CompileOptions(package_dir="elsewhere").with_environment().package_dir == tmp_path / "here"
 
 
 def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     target, tok, draft = pair
-    gen = SpeculativeGenerator(target, draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok, compile=True)
+    gen = SpeculativeGenerator(target, draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok,
+                               compile=FAST_COMPILE)
     # A stop token the first row emits early: rows finish at different rounds and the batch
     # shrinks (a smaller batch is another shape). Two requests: each batch size compiles its own
     # graphs, and a third request added about two minutes.
@@ -102,19 +115,20 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
     assert again.stats.compile_time_s == 0  # the same shapes: nothing compiled a second time
 
 
-def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair, monkeypatch):
-    """The CPU graphs as users get them (weights frozen, GEMMs autotuned, C++ wrapper): token-identical to
-    greedy decoding over consecutive calls (on the cache buffers the generator keeps) and for a second
-    target of the same shape but other weights (frozen constants belong to one generator)."""
-    monkeypatch.setenv("EAGLE3_COMPILE_AUTOTUNE", "1")
-    monkeypatch.setenv("EAGLE3_COMPILE_CPP_WRAPPER", "1")
+def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair):
+    """The CPU graphs as users get them (weights frozen, GEMMs autotuned, C++ wrapper; the float32
+    verify's package is test_packaged_verify's): token-identical to greedy decoding over
+    consecutive calls (on the cache buffers the generator keeps) and for a second target of the
+    same shape but other weights (frozen constants belong to one generator)."""
     target, tok, draft = pair
     other = copy.deepcopy(target)
     with torch.no_grad():
         for p in other.model.layers[-1].mlp.parameters():
             p.mul_(1.5)
     for model in (target, other):
-        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok,
+                                   compile=CompileOptions(packages=False))
+        assert gen.compiled.options == CompileOptions(packages=False).with_environment()
         for prompt in PROMPTS[:2]:
             expected = hf_generate(model, tok, [prompt], 16)[0]
             assert gen.generate(prompt, max_new_tokens=16, return_dict_in_generate=True).new_tokens == expected
@@ -138,7 +152,7 @@ def test_a_half_precision_verify_graph_is_stored_and_loaded_with_each_models_wei
     outputs = []
     for model in (first, second):
         counters.clear()
-        gen = SpeculativeGenerator(model, half_draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+        gen = SpeculativeGenerator(model, half_draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)
         out = gen.generate(PROMPTS[:2], max_new_tokens=12, return_dict_in_generate=True)
         assert counters["inductor"]["fxgraph_cache_bypass"] == 0, dict(counters["inductor"])
         outputs.append(out.new_tokens)
@@ -158,7 +172,7 @@ def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch)
 
     target, tok, draft = pair
     prompts = PROMPTS + ["return value key item value"]
-    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)
     stop = hf_generate(target, tok, prompts[:1], 24, stop_at_eos=False)[0][0][3]
     expected = hf_generate(target, tok, prompts, 24, eos_token_id=stop)[0]
     sizes = []
@@ -181,10 +195,13 @@ def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch)
 
 def test_compile_is_checked(pair):
     target, tok, draft = pair
-    with pytest.raises(TypeError, match="compile must be True or False, got 'yes'"):
+    with pytest.raises(TypeError, match="compile must be True, False, None or a CompileOptions, got 'yes'"):
         SpeculativeGenerator(target, draft, tokenizer=tok, compile="yes")
     with pytest.raises(ValueError, match="compile=True needs attention='tree'"):
         SpeculativeGenerator(target, draft, tokenizer=tok, attention="sdpa", compile=True)
+    with pytest.raises(ValueError, match=r"compile=CompileOptions\(autotune=False, .*\) needs attention='tree'"):
+        SpeculativeGenerator(target, draft, tokenizer=tok, attention="sdpa", compile=FAST_COMPILE)
+    assert SpeculativeGenerator(target, draft, tokenizer=tok, compile=None).compiled is None
     assert torch.compiler.is_compiling() is False
 
 
@@ -202,7 +219,7 @@ def test_compiled_calls_keep_their_cache_addresses(pair, monkeypatch):
     from eagle3_ext.engine.batch import Batch
 
     target, tok, draft = pair
-    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)
     seen = []
     run_round = Batch.round
 
@@ -227,7 +244,7 @@ def test_a_compiled_generator_runs_one_call_at_a_time(pair):
     """A second call while one runs (here from a streamer) would share its cache buffers: an error
     that names the cause; the generator works again afterwards."""
     target, tok, draft = pair
-    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)
 
     class Reentrant:
         def put(self, tokens):
@@ -257,13 +274,13 @@ def test_cuda_graphs_replay_every_round_token_identical(pair):
     expected = hf_generate(cuda_target, tok, PROMPTS, 24, eos_token_id=stop)[0]   # on the same device
     counters.clear()
     gen = SpeculativeGenerator(cuda_target, cuda_draft, TreeConfig(3, 2, 8, lookup_tokens=4), tokenizer=tok,
-                               compile=True)
+                               compile=FAST_COMPILE)
     for _ in range(2):   # the batch shrinks as rows stop; trees of three sizes
         out = gen.generate(PROMPTS, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
         assert out.new_tokens == expected
     # A sampled chain (its draws read after the verify): the same seed, the same tokens, replayed.
     gen = SpeculativeGenerator(cuda_target, cuda_draft, TreeConfig.chain(3, sampled=True), tokenizer=tok,
-                               compile=True)
+                               compile=FAST_COMPILE)
     sampled = [gen.generate(PROMPTS[0], max_new_tokens=24, do_sample=True, temperature=0.8, seed=3,
                             return_dict_in_generate=True).new_tokens for _ in range(3)]
     assert sampled[0] == sampled[1] == sampled[2] and 0 < len(sampled[0][0]) <= 24

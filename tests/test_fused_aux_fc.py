@@ -1,9 +1,14 @@
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import eagle3_ext
-from conftest import CAPPED_BUILDS, DEVICES, DTYPES, TOLERANCES, op_error
-from eagle3_ext import fused_aux_fc, reference
+from conftest import CAPPED_BUILDS, DEVICES, DTYPES, TOLERANCES, calls_after_a_first, cpu_flags, op_error
+from eagle3_ext import fused_aux_fc, ops, reference
 
 
 def make_inputs(k, rows, hidden, out_features, dtype, device, bias=True, seed=0, lead=None):
@@ -52,15 +57,49 @@ def test_kernel_paths_and_tile_edges(device, dtype, rows):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,hidden", [(1, 37), (2, 136), (3, 40), (5, 37), (16, 136), (17, 37), (65, 40),
                                          (130, 37)], ids=lambda v: str(v))
-def test_capped_cpu_builds_match_reference(monkeypatch, isa, dtype, rows, hidden):
+def test_capped_cpu_builds_match_reference(cpu_isa, isa, dtype, rows, hidden):
     # Each streaming build the CPU runs (avx2 on an AVX-512 machine too), and ATen's GEMMs
     # (generic): odd and even row counts around the AVX2 build's 2-row tiles and the 64-row
     # block, hidden sizes with 8-lane and 16-lane tails, a partial feature tile (67).
-    monkeypatch.setenv("EAGLE3_CPU_ISA", isa)
+    cpu_isa(isa)
     aux, weight, b = make_inputs(3, rows, hidden, 67, dtype, "cpu", seed=rows)
     check_against_reference(aux, weight, b)
     aux, weight, _ = make_inputs(1, rows, hidden, 9, dtype, "cpu", bias=False, seed=rows + 1)
     check_against_reference(aux, weight, None)
+
+
+def test_the_cpu_isa_cap_applies_from_the_next_call(cpu_isa):
+    # Two fp32 rows stream on an AVX2 or AVX-512 CPU; capped at "generic" they run ATen's GEMMs.
+    aux, weight, _ = make_inputs(3, 2, 64, 16, torch.float32, "cpu", bias=False)
+
+    def gemms():
+        return calls_after_a_first(fused_aux_fc, (aux, weight, None), ("aten::mm", "aten::addmm_"))[1]
+
+    cpu_isa("generic")
+    assert ops.get_cpu_isa() == "generic" and gemms() > 0
+    cpu_isa("avx512")  # a cap above what the CPU has: its widest build
+    assert ops.get_cpu_isa() == "avx512"
+    if {"avx2", "fma", "f16c"} <= set(cpu_flags()):
+        assert gemms() == 0
+    cpu_isa(None)
+    assert ops.get_cpu_isa() is None
+
+
+@pytest.mark.parametrize("env, first, error", [("generic", "generic", None), ("", None, None),
+                                               ("sse", None, "EAGLE3_CPU_ISA .* must be generic, avx2 or avx512")])
+def test_eagle3_cpu_isa_is_the_first_cap_only(env, first, error):
+    """EAGLE3_CPU_ISA is read once, as the first cap (a bad name raises, naming it); set_cpu_isa
+    replaces it."""
+    code = ("from eagle3_ext import ops\n"
+            "try:\n    print(ops.get_cpu_isa())\nexcept ValueError as e:\n    print(e)\n"
+            "ops.set_cpu_isa('avx2'); print(ops.get_cpu_isa())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EAGLE3_CPU_ISA": env},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    if error is None:
+        assert out[0] == str(first)
+    else:
+        assert re.search(error, out[0]), out
+    assert out[1] == "avx2"
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])

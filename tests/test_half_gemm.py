@@ -2,12 +2,14 @@
 native half-precision GEMM, rounds once, and leaves everything else as it is."""
 
 import contextlib
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conftest import cpu_flags
 from eagle3_ext.engine import half_gemm
 from eagle3_ext.engine.half_gemm import MIN_ROWS, float32_gemms
 
@@ -81,10 +83,46 @@ def test_other_products_are_left_as_they_are(no_native, monkeypatch, case):
     assert torch.equal(out, F.linear(x, w, b))
 
 
-def test_native_support_is_read_from_onednn():
+@pytest.fixture
+def fresh_probe():
+    """native_half_gemm asks once per process (functools.cache): ask again here, and after."""
+    half_gemm.native_half_gemm.cache_clear()
+    yield
+    half_gemm.native_half_gemm.cache_clear()
+
+
+# The CPU's instruction sets (/proc/cpuinfo flags) that give a dtype a native GEMM, and those
+# without which it has none: oneDNN multiplies bfloat16 natively with AVX512-BF16 or AMX-BF16,
+# float16 with AVX512-FP16 or AMX-FP16; with neither AVX-512 nor AVX-NE-CONVERT (an AVX2 CPU, such
+# as the 2-core machine this was tuned on) it has no half-precision GEMM of its own.
+NATIVE_ISA = {torch.bfloat16: ({"avx512_bf16", "amx_bf16"}, {"avx512bw", "avx_ne_convert"}),
+              torch.float16: ({"avx512_fp16", "amx_fp16"}, {"avx512_fp16", "avx_ne_convert"})}
+
+
+@pytest.mark.skipif(not cpu_flags(), reason="no x86 /proc/cpuinfo flags to check against")
+@pytest.mark.skipif(bool(os.environ.get("DNNL_MAX_CPU_ISA") or os.environ.get("ONEDNN_MAX_CPU_ISA")),
+                    reason="oneDNN's instruction sets are capped by the environment")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_native_support_follows_the_cpus_instruction_sets(fresh_probe, dtype):
+    """Checked against the hardware, not against the oneDNN query the function makes. Between the
+    two sets (AVX-512 without the dtype's own instructions) oneDNN's choice is not asserted."""
+    flags = set(cpu_flags())
+    native, needed = NATIVE_ISA[dtype]
+    if flags & native:
+        assert half_gemm.native_half_gemm(dtype) is True
+    elif not flags & needed:
+        assert half_gemm.native_half_gemm(dtype) is False
+    else:
+        pytest.skip(f"this CPU has {sorted(flags & needed)} but none of {sorted(native)}: oneDNN decides")
+
+
+def test_float32_is_native_and_an_unanswered_probe_is_not(fresh_probe, monkeypatch):
     assert half_gemm.native_half_gemm(torch.float32) is True
-    for dtype, check in ((torch.bfloat16, "_is_mkldnn_bf16_supported"), (torch.float16, "_is_mkldnn_fp16_supported")):
-        assert half_gemm.native_half_gemm(dtype) is bool(getattr(torch.ops.mkldnn, check)())
+    assert half_gemm.gemm_dtype(torch.device("cpu"), torch.float32) == torch.float32
+    torch.ops.mkldnn  # noqa: B018  (created on first access: monkeypatch restores it after)
+    monkeypatch.setattr(torch.ops, "mkldnn", object())  # a torch without oneDNN's queries
+    assert half_gemm.native_half_gemm(torch.bfloat16) is False
+    assert half_gemm.native_half_gemm(torch.float32) is True
 
 
 def test_the_prefill_and_the_prompt_pass_of_the_draft_run_their_projections_in_float32(no_native, tmp_path):

@@ -3,14 +3,16 @@ greedy decoding, built once and loaded by a later generator with the same weight
 for other weights, keyed by everything it was built from."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.engine import CompileOptions, SpeculativeGenerator, TreeConfig
 from eagle3_ext.engine.baseline import hf_generate
 from eagle3_ext.engine.compiled_verify import packaged
 from eagle3_ext.engine.packaged_verify import package_dir, package_key, weights_digest
+from conftest import FAST_COMPILE
 from tiny_models import loaded_trained_pair
 
 PROMPTS = ["def value key item value key item value key", "class index count index count"]
@@ -21,15 +23,18 @@ def pair(tmp_path_factory):
     return loaded_trained_pair(str(tmp_path_factory.mktemp("packaged")), layers=4, steps=20)
 
 
+def packages_in(folder) -> CompileOptions:
+    """The tests' fast options (ATen's GEMMs, Python wrapper) with packages, kept in ``folder``."""
+    return dataclasses.replace(FAST_COMPILE, packages=True, package_dir=folder)
+
+
 @pytest.mark.slow
-def test_a_float32_verify_is_built_once_and_loaded_by_the_next_generator(pair, tmp_path, monkeypatch):
+def test_a_float32_verify_is_built_once_and_loaded_by_the_next_generator(pair, tmp_path):
     """Identical to greedy decoding over consecutive calls; a second generator with the same
     weights loads the package (nothing built, the same outputs); a target of the same shape with
     other weights gets a package of its own and decodes with its weights. (ATen's GEMMs, the
     tests' default, keep the builds short; the packages store them as they store the GEMM
     template's.)"""
-    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
-    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path))
     target, tok, draft = pair
     other = copy.deepcopy(target)
     with torch.no_grad():
@@ -37,7 +42,7 @@ def test_a_float32_verify_is_built_once_and_loaded_by_the_next_generator(pair, t
             p.mul_(1.5)
     runs = []
     for model in (target, target, other):
-        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok, compile=packages_in(tmp_path))
         assert gen.compiled.verify.packages is not None
         outputs = [gen.generate(p, max_new_tokens=16, return_dict_in_generate=True).new_tokens for p in PROMPTS]
         assert outputs == [hf_generate(model, tok, [p], 16)[0] for p in PROMPTS]
@@ -53,15 +58,13 @@ def test_a_float32_verify_is_built_once_and_loaded_by_the_next_generator(pair, t
 def test_a_verify_that_cannot_be_exported_is_compiled_with_a_warning(pair, tmp_path, monkeypatch):
     """A target whose forward ``torch.export`` cannot trace still decodes compiled: with
     a warning that names the cause, through ``torch.compile``, identical to greedy decoding."""
-    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
-    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path))
     target, tok, draft = pair
 
     def unsupported(*args, **kwargs):
         raise torch._dynamo.exc.Unsupported("a construct export does not trace")
 
     monkeypatch.setattr(torch.export, "export", unsupported)
-    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=True)
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=packages_in(tmp_path))
     with pytest.warns(UserWarning, match=r"no AOTInductor package of the float32 verify forward of LlamaForCausalLM "
                                          r"\(torch.export failed: Unsupported: a construct export does not trace\); "
                                          r"it is compiled with torch.compile instead"):
@@ -92,17 +95,24 @@ def test_the_package_key_names_weights_shapes_layers_and_settings(pair):
     assert package_key(*base) == package_key(*base)
 
 
-def test_packages_are_for_float32_on_cpu_and_can_be_turned_off(monkeypatch, tmp_path):
-    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
-    assert packaged(torch.zeros(1))
-    assert not packaged(torch.zeros(1, dtype=torch.bfloat16))
-    assert not packaged(torch.zeros(1, dtype=torch.float16))
-    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "0")
-    assert not packaged(torch.zeros(1))
-    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "on")
-    with pytest.raises(ValueError, match="EAGLE3_COMPILE_PACKAGES must be 0 or 1, got 'on'"):
-        packaged(torch.zeros(1))
-    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path / "here"))
-    assert package_dir() == tmp_path / "here"
-    monkeypatch.delenv("EAGLE3_PACKAGE_DIR")
+def test_packages_are_for_float32_on_cpu_and_can_be_turned_off(pair, monkeypatch, tmp_path):
+    default = CompileOptions()
+    assert packaged(torch.zeros(1), default)
+    assert not packaged(torch.zeros(1, dtype=torch.bfloat16), default)
+    assert not packaged(torch.zeros(1, dtype=torch.float16), default)
+    assert not packaged(torch.zeros(1), CompileOptions(packages=False))
+    assert package_dir(tmp_path / "here") == tmp_path / "here"
     assert package_dir().name == "eagle3_verify"
+    # A generator's options: EAGLE3_COMPILE_PACKAGES / EAGLE3_PACKAGE_DIR, when set, override them.
+    target, tok, draft = pair
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "0")
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=packages_in(tmp_path))
+    assert gen.compiled.verify.packages is None and not gen.compiled.options.packages
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "1")
+    monkeypatch.setenv("EAGLE3_PACKAGE_DIR", str(tmp_path / "there"))
+    gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)
+    assert gen.compiled.verify.packages.directory == tmp_path / "there"
+    monkeypatch.setenv("EAGLE3_COMPILE_PACKAGES", "on")
+    with pytest.raises(ValueError, match=r"EAGLE3_COMPILE_PACKAGES \(it overrides CompileOptions.packages\) must be "
+                                         r"0 or 1, got 'on'"):
+        SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from conftest import CAPPED_BUILDS, DEVICES, DTYPES, TOLERANCES, op_error
-from eagle3_ext import reference, tree_attention, tree_attention_paged
+from eagle3_ext import ops, reference, tree_attention, tree_attention_paged
 
 
 def random_tree_mask(n, generator, kind="tree", padding=0):
@@ -92,8 +92,8 @@ def test_matches_reference(device, dtype, case):
 @pytest.mark.parametrize("isa", CAPPED_BUILDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["tree", "d40-general", "padding-rows", "long-prefix", "d36-tail"])
-def test_capped_cpu_builds_match_reference(monkeypatch, isa, dtype, case):
-    monkeypatch.setenv("EAGLE3_CPU_ISA", isa)
+def test_capped_cpu_builds_match_reference(cpu_isa, isa, dtype, case):
+    cpu_isa(isa)
     if case == "long-prefix":  # several key blocks, a tail block and a tree that is not a chain
         check(*make_case([300, 77], 7, 6, 2, 64, dtype, "cpu"))
         return
@@ -194,8 +194,8 @@ def test_features_with_cpu_kv_splits(dtype, feature):
 
 @pytest.mark.parametrize("isa", CAPPED_BUILDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_features_capped_cpu_builds(monkeypatch, isa, dtype):
-    monkeypatch.setenv("EAGLE3_CPU_ISA", isa)
+def test_features_capped_cpu_builds(cpu_isa, isa, dtype):
+    cpu_isa(isa)
     d, dv, window, softcap, _ = FEATURES["all"]
     q, k, v, lens, mask = make_case([70, 3], 9, 8, 2, d, dtype, "cpu", dv=dv)
     check_features(q, k, v, lens, mask, window, softcap, torch.randn(8))
@@ -362,20 +362,18 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("validate", [False, True], ids=["default", "validate"])
-def test_cuda_graph_capture_and_replay(monkeypatch, paged, validate):
-    # No call reads a value back on the host, so the op can be captured (with
-    # EAGLE3_CUDA_VALIDATE=1 the read-back is skipped under capture); replays see new inputs in
-    # place, the KV splits following the new lengths.
-    if validate:
-        monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
+def test_cuda_graph_capture_and_replay(paged, validate):
+    # No call reads a value back on the host, so the op can be captured (with validate=True the
+    # read-back is skipped under capture); replays see new inputs in place, the KV splits
+    # following the new lengths.
     q, k, v, lens, mask = make_case([300, 2000], 8, 8, 2, 128, torch.bfloat16, "cuda", s_max=2048)
     k_pages, table = to_pages(k, 16)
     v_pages, _ = to_pages(v, 16)
 
     def call():
         if paged:
-            return tree_attention_paged(q, k_pages, v_pages, table, lens, mask, 0.088)
-        return tree_attention(q, k, v, lens, mask, 0.088)
+            return tree_attention_paged(q, k_pages, v_pages, table, lens, mask, 0.088, validate=validate)
+        return tree_attention(q, k, v, lens, mask, 0.088, validate=validate)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -417,8 +415,8 @@ def _no_diagonal(args):
 
 
 # Errors in the tensors' values rather than their shapes or dtypes. The CPU entry always raises
-# them; on CUDA the kernel only flags them (no sync) and the entry raises them with
-# EAGLE3_CUDA_VALIDATE=1 (test_cuda_value_errors_raise_only_with_validation).
+# them; on CUDA the kernel only flags them (no sync) and the entry raises them with validation
+# (validate=True, ops.cuda_validation(); test_cuda_value_errors_raise_only_with_validation).
 VALUE_ERRORS = {
     "mask-without-diagonal": (
         _no_diagonal, r"tree_attention: tree_mask\[1, 2, 2\] is False: every tree token must see itself"),
@@ -544,14 +542,14 @@ def _value_error_cases():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("op, make_args, pattern", list(_value_error_cases()))
-def test_cuda_value_errors_raise_only_with_validation(monkeypatch, op, make_args, pattern):
+def test_cuda_value_errors_raise_only_with_validation(op, make_args, pattern):
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in make_args()]
-    monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
     with pytest.raises(ValueError, match=pattern):
+        op(*args, validate=True)
+    with ops.cuda_validation(), pytest.raises(ValueError, match=pattern):
         op(*args)
     # By default nothing is read back (no sync): no error, and the kernel stays in bounds (an
     # invalid request's rows come out zero, a slot without a valid page reads as zeros).
-    monkeypatch.delenv("EAGLE3_CUDA_VALIDATE")
-    out = op(*args)
-    torch.cuda.synchronize()
-    assert out.isfinite().all()
+    for out in (op(*args), op(*args, validate=False)):
+        torch.cuda.synchronize()
+        assert out.isfinite().all()

@@ -4,12 +4,17 @@ reference, edge cases (chains, N = 1, all rejected, all accepted), opcheck, ever
 path, and a statistical losslessness test for sampling with a negative control."""
 
 import math
+import os
+import re
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
 
 from conftest import DEVICES, op_error
-from eagle3_ext import reference, tree
+from eagle3_ext import _C, ops, reference, tree
 from eagle3_ext.ops import (
     build_tree_kernel_efficient,
     tree_speculative_sampling_target_only,
@@ -759,29 +764,65 @@ def _cuda(args):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_device_mismatch_and_cuda_tree_errors(monkeypatch):
+def test_device_mismatch_and_cuda_tree_errors():
     args = greedy_args()
     args["candidates"] = args["candidates"].cuda()
     with pytest.raises(ValueError, match=r"predicts is on cpu but candidates is on cuda:0"):
         verify_tree_greedy(**args)
     # What only the kernel sees (an invalid tree, a mode-0 mask of the wrong size) is read
-    # back and raised only with EAGLE3_CUDA_VALIDATE=1 (a sync per call).
-    monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
+    # back and raised only with validation (a sync per call).
     with pytest.raises(ValueError, match=r"invalid tree: request 0, node 7: its parent is draft candidate 21"):
-        build_tree_kernel_efficient(**_cuda(build_args(selected_index=invalid_parent())))
-    with pytest.raises(ValueError, match=r"tree_mask \(tree_mask_mode 0\) must have 248 = sum"):
-        build_tree_kernel_efficient(**_cuda(build_args(tree_mask_mode=0)))
+        build_tree_kernel_efficient(**_cuda(build_args(selected_index=invalid_parent())), validate=True)
+    with ops.cuda_validation():
+        with pytest.raises(ValueError, match=r"tree_mask \(tree_mask_mode 0\) must have 248 = sum"):
+            build_tree_kernel_efficient(**_cuda(build_args(tree_mask_mode=0)))
     with pytest.raises(ValueError, match=r"invalid tree: request 0, node 1: retrive_index = 16 is not in"):
-        verify_tree_greedy(**_cuda(greedy_args(retrive_index=bad_retrive_index())))
+        verify_tree_greedy(**_cuda(greedy_args(retrive_index=bad_retrive_index())), validate=True)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_tree_errors_not_read_back_by_default(monkeypatch):
-    # Without the switch nothing waits for the device: the invalid request is left partly
+def test_cuda_tree_errors_not_read_back_by_default():
+    # Without validation nothing waits for the device: the invalid request is left partly
     # written, the kernels stay in bounds (the synchronize below would raise otherwise).
-    monkeypatch.delenv("EAGLE3_CUDA_VALIDATE", raising=False)
     build_tree_kernel_efficient(**_cuda(build_args(selected_index=invalid_parent())))
-    build_tree_kernel_efficient(**_cuda(build_args(tree_mask_mode=0)))
-    verify_tree_greedy(**_cuda(greedy_args(retrive_index=bad_retrive_index())))
+    build_tree_kernel_efficient(**_cuda(build_args(tree_mask_mode=0)), validate=False)
+    with ops.cuda_validation(False):
+        verify_tree_greedy(**_cuda(greedy_args(retrive_index=bad_retrive_index())))
     torch.cuda.synchronize()
+
+
+def test_cuda_validation_is_this_threads_and_restored():
+    """validate= and cuda_validation() set this thread's setting for a call or a block and restore
+    the one before (nested too); another thread keeps its own. A CPU call raises either way."""
+    assert _C.cuda_validation() is False  # the default (EAGLE3_CUDA_VALIDATE unset)
+    seen = []
+    with ops.cuda_validation():
+        assert _C.cuda_validation() is True
+        with ops.cuda_validation(False):
+            assert _C.cuda_validation() is False
+        assert _C.cuda_validation() is True
+        worker = threading.Thread(target=lambda: seen.append(_C.cuda_validation()))
+        worker.start()
+        worker.join()
+        with pytest.raises(ValueError, match=r"invalid tree: request 0, node 7"):
+            build_tree_kernel_efficient(**build_args(selected_index=invalid_parent()), validate=False)
+        assert _C.cuda_validation() is True   # restored after an error too
+    assert _C.cuda_validation() is False and seen == [False]
+    with pytest.raises(ValueError, match=r"invalid tree: request 0, node 1: retrive_index = 16 is not in"):
+        verify_tree_greedy(**greedy_args(retrive_index=bad_retrive_index()), validate=True)
+    assert _C.cuda_validation() is False
+
+
+@pytest.mark.parametrize("env, expected", [("1", "True"), ("0", "False"),
+                                           ("yes", "EAGLE3_CUDA_VALIDATE .* must be 0 or 1, got 'yes'")])
+def test_eagle3_cuda_validate_is_the_default_only(env, expected):
+    """EAGLE3_CUDA_VALIDATE sets the default (read once; another value than 0 or 1 raises, naming
+    it); validate= and cuda_validation() override it."""
+    code = ("from eagle3_ext import _C, ops\n"
+            "try:\n    print(_C.cuda_validation())\nexcept ValueError as e:\n    print(e)\n"
+            "with ops.cuda_validation(False):\n    print(_C.cuda_validation())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "EAGLE3_CUDA_VALIDATE": env},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert re.fullmatch(expected, out[0]), out
+    assert out[1] == "False"

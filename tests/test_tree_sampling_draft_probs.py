@@ -529,16 +529,14 @@ def _cuda(args):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_device_mismatch_and_tree_errors(monkeypatch):
+def test_cuda_device_mismatch_and_tree_errors():
     args = _cuda(op_args())
     args["draft_probs"] = args["draft_probs"].cpu()
     with pytest.raises(ValueError, match=r"draft_probs is on cpu but candidates is on cuda:0"):
         tree_speculative_sampling_draft_probs(**args)
     bad = dict(candidates=torch.tensor([[0, 1, 2, 3], [0, 1, 7, 3]]), uniform_samples=torch.full((2, 4), 0.99))
-    # Without EAGLE3_CUDA_VALIDATE nothing is read back and the kernel stays in bounds.
-    monkeypatch.delenv("EAGLE3_CUDA_VALIDATE", raising=False)
+    # Without validation nothing is read back and the kernel stays in bounds.
     tree_speculative_sampling_draft_probs(**_cuda(op_args(**bad)))
     torch.cuda.synchronize()
-    monkeypatch.setenv("EAGLE3_CUDA_VALIDATE", "1")
     with pytest.raises(ValueError, match=r"request 1, node 2: candidates = 7 is not a token id"):
-        tree_speculative_sampling_draft_probs(**_cuda(op_args(**bad)))
+        tree_speculative_sampling_draft_probs(**_cuda(op_args(**bad)), validate=True)

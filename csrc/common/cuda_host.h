@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>
@@ -12,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+
+#include "common/options.h"
 
 namespace eagle3::cuda_host {
 
@@ -31,15 +32,12 @@ inline int sm_count(int device) {
   return count;
 }
 
-// EAGLE3_CUDA_VALIDATE=1: the CUDA entries read back what their kernels flagged in the tensors'
-// values (cache_lens, tree_mask, block_table, an invalid tree) and raise the CPU entries'
-// errors; one synchronization per call. Off by default, so that the hot path never waits for
-// the device (the kernels then skip what is invalid without reading out of bounds). Read on
-// every call (one getenv) so that a test can switch it in a running process.
-inline bool validate_values() {
-  const char* v = std::getenv("EAGLE3_CUDA_VALIDATE");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
-}
+// Validation on (the ops' validate=True, common/options.h): the CUDA entries read back what
+// their kernels flagged in the tensors' values (cache_lens, tree_mask, block_table, an invalid
+// tree) and raise the CPU entries' errors; one synchronization per call. Off by default, so
+// that the hot path never waits for the device (the kernels then skip what is invalid without
+// reading out of bounds). A thread-local read per call: a wrapper switches it around one call.
+inline bool validate_values() { return cuda_validation(); }
 
 // Whether `stream` is being captured into a CUDA graph, where a read-back (a sync) would
 // invalidate the capture: the validating entries then skip it.

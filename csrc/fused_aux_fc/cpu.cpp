@@ -41,7 +41,7 @@ CpuIsa widest_stream_isa() {
   return cpu_has_avx2() ? CpuIsa::kAvx2 : CpuIsa::kGeneric;
 }
 
-// The build to run: the widest, capped by EAGLE3_CPU_ISA (common/cpu_isa.h); kGeneric: none,
+// The build to run: the widest, under the process's cap (common/cpu_isa.h); kGeneric: none,
 // the op uses ATen's GEMMs.
 template <typename scalar_t>
 CpuIsa stream_isa() {

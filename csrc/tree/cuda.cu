@@ -1,9 +1,10 @@
 // CUDA entries of the tree ops: validate the arguments (inputs.h, the same checks as the CPU
 // entries), launch on the current stream (kernel.cuh). What only a walk of the tree finds (an
 // invalid tree, a token or index out of range) the kernels report as per-request TreeErrors,
-// read back and raised only with EAGLE3_CUDA_VALIDATE=1 (a synchronization; skipped while a
-// CUDA graph is captured). By default nothing is read back: an invalid request's outputs are
-// left partly written, as sgl-kernel does, and the kernels never index out of bounds.
+// read back and raised only with validation on (the ops' validate=True, common/options.h: a
+// synchronization, skipped while a CUDA graph is captured). By default nothing is read back: an
+// invalid request's outputs are left partly written, as sgl-kernel does, and the kernels never
+// index out of bounds.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -22,7 +23,7 @@ namespace {
 
 using cuda_host::aligned16;
 
-// With EAGLE3_CUDA_VALIDATE=1, one zeroed TreeError per request on the device of `like`;
+// With validation on, one zeroed TreeError per request on the device of `like`;
 // otherwise undefined (no allocation, no memset: the kernels then record nothing).
 at::Tensor error_buffer(int64_t bs, const at::Tensor& like) {
   if (!cuda_host::validate_values()) return at::Tensor();

@@ -25,7 +25,7 @@
 //   use __fmul_rn / __fsub_rn (no FMA), bit for bit the CPU kernel's and the reference's.
 //
 // Errors: each block stores its request's first TreeError (lowest node) in errors[b], when
-// the host passed a buffer (EAGLE3_CUDA_VALIDATE=1; it then reads them back and raises).
+// the host passed a buffer (validation on; it then reads them back and raises).
 // Without one the errors are dropped, but an invalid request still stops before any read or
 // write out of bounds.
 #pragma once

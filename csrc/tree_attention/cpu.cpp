@@ -28,8 +28,8 @@ constexpr int64_t kScratchAlign = 16;  // floats (64 bytes)
 
 using TaskRunner = void (*)(const cpu::Params&, const cpu::Task&, float*);
 
-// The widest build the CPU runs: AVX-512 (AVX-512F), then AVX2, then the portable one, capped
-// by EAGLE3_CPU_ISA (common/cpu_isa.h).
+// The widest build the CPU runs: AVX-512 (AVX-512F), then AVX2, then the portable one, under
+// the process's cap (common/cpu_isa.h).
 TaskRunner pick_task_runner() {
 #if defined(__x86_64__) || defined(_M_X64)
   static const CpuIsa widest = __builtin_cpu_supports("avx512f") ? CpuIsa::kAvx512

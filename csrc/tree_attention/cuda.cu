@@ -2,8 +2,9 @@
 // host knows (shapes, dtypes, sizes), choose the head-dim tile and the number of KV splits,
 // launch on the current stream. Device code: kernel.cuh. Nothing here reads the tensors'
 // values, so a call never waits for the device and can be captured into a CUDA graph; the
-// kernel checks the values itself, and with EAGLE3_CUDA_VALIDATE=1 the host reads its verdict
-// back and raises the CPU entry's error (raise_flagged).
+// kernel checks the values itself, and with validation on (the ops' validate=True,
+// common/options.h) the host reads its verdict back and raises the CPU entry's error
+// (raise_flagged).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -174,7 +175,7 @@ void check_sizes(const Problem& p) {
   }
 }
 
-// EAGLE3_CUDA_VALIDATE=1: reads the kernel's InvalidValue bits back (a sync; skipped while the
+// Validation on: reads the kernel's InvalidValue bits back (a sync; skipped while the
 // stream is captured) and, when one is set, raises the CPU entry's error for the same call
 // (check_values on host copies of cache_lens, the mask diagonal, block_table and tree_start).
 void raise_flagged(const Problem& p, const at::Tensor& error) {

@@ -6,9 +6,9 @@
 //   check_values  what depends on the tensors' contents (cache_lens against the cache size,
 //                 the mask's diagonal, block_table entries). On CPU it reads them in place,
 //                 on every call. On CUDA the kernel checks the same conditions on the device
-//                 (no sync) and only flags them; with EAGLE3_CUDA_VALIDATE=1 the CUDA entry
-//                 reads the flag back and, when set, runs check_values on host copies so that
-//                 the error is the CPU entry's.
+//                 (no sync) and only flags them; with validation on (the ops' validate=True,
+//                 common/options.h) the CUDA entry reads the flag back and, when set, runs
+//                 check_values on host copies so that the error is the CPU entry's.
 #pragma once
 
 #include <cmath>

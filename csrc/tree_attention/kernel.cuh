@@ -45,7 +45,7 @@
 // Invalid values (cache_lens, tree_start, the mask diagonal, block_table entries: what the CPU
 // entry checks on the host) are never read on the host here. The kernel keeps every access in
 // bounds regardless (an invalid request reads nothing and its rows are zero; a slot whose page
-// is not one is read as zeros) and, when given Params::error (EAGLE3_CUDA_VALIDATE=1), or-s
+// is not one is read as zeros) and, when given Params::error (validation on), or-s
 // an InvalidValue bit into it for the host to raise.
 #pragma once
 

@@ -11,7 +11,8 @@ import torch  # noqa: F401  (the native module links against the torch already l
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
 from .draft import AuxLayerResolution, Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
-from .engine import SpeculativeGenerateOutput, SpeculativeGenerator, TreeConfig
+from .engine import CompileOptions, SpeculativeGenerateOutput, SpeculativeGenerator, TreeConfig
+from .engine.custom_generate import custom_generate_path
 from .ops import (
     build_tree_kernel_efficient,
     fused_aux_fc,
@@ -44,6 +45,7 @@ def build_info() -> dict:
 
 __all__ = [
     "AuxLayerResolution",
+    "CompileOptions",
     "Eagle3DraftConfig",
     "Eagle3DraftModel",
     "SpeculativeGenerateOutput",
@@ -51,6 +53,7 @@ __all__ = [
     "TreeConfig",
     "build_info",
     "build_tree_kernel_efficient",
+    "custom_generate_path",
     "fused_aux_fc",
     "ops",
     "reference",

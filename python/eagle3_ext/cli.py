@@ -1,6 +1,25 @@
 """The ``eagle3`` command (also ``python -m eagle3_ext``). Each subcommand maps its flags to a
 configuration dataclass and calls the library; with --json it prints one JSON object on stdout
-and sends progress to stderr."""
+and sends progress to stderr.
+
+Exit codes, for every subcommand:
+
+* 0: done (``doctor``: HEALTHY).
+* 1: ``generate``: the output failed its check (under torchrun: the ranks disagree); ``doctor``:
+  FAULT. Also any internal error: an exception that is not bad input (a bug of eagle3_ext, or of
+  the machine: out of memory, a full disk, a CUDA error) prints its traceback on stderr, then a
+  last line ``eagle3 <command>: internal error: <type>: <message>``. (For ``doctor`` the
+  traceback tells an internal error from a FAULT verdict.)
+* 2: bad input: an argument argparse rejects (usage error), or an ``errors.BadInput`` the
+  library raised for what the user gave (a value out of range, a missing or unreadable file, a
+  directory holding the wrong kind of model, a draft trained for another target, data in the
+  wrong format...). Reported as one line on stderr, ``eagle3 <command>: error: <message>``
+  (argparse prints its usage line before it), with no traceback (``-v`` prints it too). A plain
+  ValueError / TypeError / OSError raised inside the library is not bad input: it is reported as
+  an internal error (exit 1).
+* 3: ``doctor``: INCONCLUSIVE.
+* 130: interrupted (Ctrl-C); what was done is kept.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +36,7 @@ from .doctor.run import MAX_STEPS as MAX_DOCTOR_STEPS
 from .dtypes import DTYPES
 from .engine.config import TreeConfig
 from .engine.settings import MAX_SEED
+from .errors import BadInput, BadInputError
 from .models import PAIRS, SMOLLM2_EVAL_PROMPTS, pair
 from .train.trainer import MAX_TTT_STEPS
 from .validation import read_text_file
@@ -36,7 +56,7 @@ def _resolve_pair(args) -> None:
     if args.pair is None:
         return
     if args.target is not None or args.draft is not None:
-        raise ValueError("--pair names both models; give it without --target / --draft")
+        raise BadInputError("--pair names both models; give it without --target / --draft")
     args.target, args.draft = pair(args.pair, args.dtype)
 
 
@@ -111,10 +131,10 @@ def _run_train(args) -> int:
     from .train import TrainConfig, train
 
     if args.from_cache is None and (args.target is None or args.data is None):
-        raise ValueError("--target and --data are required (or --from-cache with an `eagle3 train capture` "
-                         "directory)")
+        raise BadInputError("--target and --data are required (or --from-cache with an `eagle3 train capture` "
+                            "directory)")
     if args.from_cache is not None and (args.target is not None or args.data is not None):
-        raise ValueError("--from-cache replaces --target and --data; give one or the other")
+        raise BadInputError("--from-cache replaces --target and --data; give one or the other")
     T.resolve_gguf_target(args)
     init_from_env()  # under torchrun: data-parallel ranks (a no-op otherwise)
     config = TrainConfig(target=args.target, data=args.data, out=args.out, aux_layers=args.aux_layers,
@@ -202,6 +222,7 @@ def _add_generate(sub) -> None:
 
 def _run_generate(args) -> int:
     from .distributed import init_from_env, rank, shutdown
+    from .engine import CompileOptions
     from .engine.run import GenerateRequest, output_ok, run_generate
 
     init_from_env(args.tp_timeout)  # a no-op outside torchrun
@@ -221,7 +242,7 @@ def _run_generate(args) -> int:
                               seed=args.seed, baseline=args.baseline, chat=args.chat, dtype=args.dtype,
                               draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture,
-                              compile=args.compile)
+                              compile=CompileOptions() if args.compile else False)
     this_rank = rank()
     try:
         report = run_generate(request, progress=not args.json)
@@ -351,7 +372,11 @@ def _add_bench(sub) -> None:
                    help="ask each prompt as a user turn of the target's chat template (default: when the "
                         "tokenizer has one)")
     p.add_argument("--no-llama-cpp", action="store_true",
-                   help="leave out llama.cpp's greedy decoding (run when llama-cpp-python and gguf are installed)")
+                   help="leave out llama.cpp's rows (run where llama.cpp is built by benchmarks/build_llama_cpp.sh: "
+                        "plain f32, bf16, with this draft, and the target's own GGUF; else plain decoding through "
+                        "llama-cpp-python where it is installed)")
+    p.add_argument("--llama-cpp-dir", type=T.directory, default=None,
+                   help="the llama.cpp build to measure (default: the build script's folder)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
@@ -367,14 +392,15 @@ def _parse_trees(specs):
             if len(values) not in (3, 4):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally followed by "
-                             f",sampled, got {spec!r}") from None
+            raise BadInputError(f"--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally "
+                                f"followed by ,sampled, got {spec!r}") from None
         tree = TreeConfig(*values[:3], lookup_tokens=values[3] if len(values) == 4 else 0, sampled=sampled)
         trees[tree.name] = tree
     return trees
 
 
 def _run_bench(args) -> int:
+    from .engine import CompileOptions
     from .engine.bench import SAMPLED_DEFAULT, BenchConfig, run_bench, run_sweep, sweep_configs
     from .prompts import load_prompts
 
@@ -384,7 +410,9 @@ def _run_bench(args) -> int:
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
                       num_prompts=args.num_prompts, compiled_baseline=not args.no_compiled_baseline,
-                      llama_cpp=not args.no_llama_cpp, compile=args.compile, chat=args.chat,
+                      llama_cpp=not args.no_llama_cpp, llama_cpp_dir=args.llama_cpp_dir,
+                      compile=CompileOptions() if args.compile else False,
+                      chat=args.chat,
                       prompts=load_prompts(args.prompts) if args.prompts else None,
                       temperatures=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.tree:
@@ -426,6 +454,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse's usage error (2) or --help (0): returned, as every other outcome
         return int(e.code or 0)
+    except Exception:  # a fault of an argument check itself (cli_types), not of the value
+        return _internal_error("eagle3")
     return _run_guarded(args.command, args.verbose, lambda: COMMANDS[args.command][1](args))
 
 
@@ -439,12 +469,13 @@ def _train_subcommand(argv: List[str]):
 
 
 def _run_guarded(command: str, verbose: bool, run) -> int:
-    """Runs a command; bad input becomes one line and exit 2, Ctrl-C exit 130."""
+    """Runs a command: bad input (a BadInput) becomes one line and exit 2, Ctrl-C exit 130,
+    any other exception its traceback and exit 1 (see the module's docstring)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return run()
-    except (ValueError, TypeError, OSError) as e:  # bad input: one line (the traceback with -v)
+    except BadInput as e:  # bad input: one line (the traceback with -v)
         if verbose:
             traceback.print_exc()
         print(f"eagle3 {command}: error: {e}", file=sys.stderr)
@@ -454,6 +485,16 @@ def _run_guarded(command: str, verbose: bool, run) -> int:
         detail = f": {e}" if str(e) else ""
         print(f"\neagle3 {command}: interrupted{detail}", file=sys.stderr)
         return 130
+    except Exception:
+        return _internal_error(f"eagle3 {command}")
+
+
+def _internal_error(prefix: str) -> int:
+    """An exception that is not bad input: its traceback, then one line naming it; exit 1."""
+    traceback.print_exc()
+    e = sys.exc_info()[1]
+    print(f"{prefix}: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

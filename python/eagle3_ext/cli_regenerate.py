@@ -43,8 +43,8 @@ def add_regenerate_arguments(parser) -> None:
 
 
 def run_regenerate(args) -> int:
-    """Runs ``eagle3 train regenerate`` with parsed ``args``; ValueError / TypeError / OSError
-    (bad input) and KeyboardInterrupt propagate to the caller, which reports them."""
+    """Runs ``eagle3 train regenerate`` with parsed ``args``; exceptions (a BadInput for bad input,
+    KeyboardInterrupt, faults) propagate to the caller, which reports them."""
     from .distributed import init_from_env, rank, shutdown
     from .train.regenerate import regenerate
 

@@ -1,6 +1,8 @@
 """argparse types for the ``eagle3`` command: each parses one option's text and checks it with
 ``validation`` at parse time, so a bad value is reported as "argument --depth: expected a
-positive integer, got 0" with exit code 2 before any model loads."""
+positive integer, got 0" with exit code 2 before any model loads. Only a ``BadInput`` error from
+a check is a bad value; any other exception is a fault of the check and escapes argparse (which
+would otherwise report a ValueError or TypeError as an invalid value)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ import argparse
 from typing import Any, Callable, Optional
 
 from . import validation
+from .errors import BadInput
 from .models.gguf_target import GGUF_SUFFIX, resolve_target
 
 
 def _adapt(check: Callable[[str, Any], Any], convert: Callable[[str], Any] = str,
            expected: str = "") -> Callable[[str], Any]:
     """An argparse type: ``convert`` the text, then ``check`` it (without a name: argparse
-    prefixes the option); every fault becomes the ArgumentTypeError argparse prints."""
+    prefixes the option); bad input becomes the ArgumentTypeError argparse prints."""
 
     def parse(raw: str) -> Any:
         try:
@@ -23,8 +26,10 @@ def _adapt(check: Callable[[str, Any], Any], convert: Callable[[str], Any] = str
             raise argparse.ArgumentTypeError(f"expected {expected}, got {raw!r}") from None
         try:
             return check("", value)
-        except (TypeError, ValueError, OSError) as e:
+        except BadInput as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+        except (TypeError, ValueError) as e:  # argparse would print it as "invalid value"
+            raise RuntimeError(f"checking {raw!r}: {type(e).__name__}: {e}") from e
 
     parse.__name__ = expected or check.__name__
     return parse

@@ -6,13 +6,15 @@ from typing import Optional
 
 import torch
 
+from .errors import BadInputError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_dtype_name(name: str, value: Optional[str]) -> None:
     """Raises a clear error naming the argument unless ``value`` is None or a key of DTYPES."""
     if value is not None and value not in DTYPES:
-        raise ValueError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
+        raise BadInputError(f"{name} must be one of {', '.join(DTYPES)}, got {value!r}")
 
 
 def dtype_name(dtype: Optional[torch.dtype]) -> str:
@@ -22,4 +24,4 @@ def dtype_name(dtype: Optional[torch.dtype]) -> str:
     for name, value in DTYPES.items():
         if value == dtype:
             return name
-    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+    raise BadInputError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")

@@ -1,16 +1,31 @@
-"""Typed wrappers and fake (meta) kernels for the torch.ops.eagle3 ops.
+"""Typed wrappers and fake (meta) kernels for the torch.ops.eagle3 ops, and the kernels'
+settings that are no argument of an op (the schemas match sgl-kernel's).
 
 The schemas live in csrc/registration.cpp; the kernels in csrc/<op>/. The fake kernels
 give torch.compile and FakeTensor tracing each op's output shape without running it.
+
+Settings (csrc/common/options.h):
+    CUDA validation: the CPU entries check every value they read (lengths, the mask's diagonal,
+        block tables, the tree) and raise; the CUDA kernels check the same on the device and by
+        default only skip what is invalid (in bounds, nothing read back: the hot path never
+        waits for the device). With validation on, a CUDA entry reads their verdict back and
+        raises the CPU entry's error: one synchronization per call, skipped while a CUDA graph
+        is captured. It is the ``validate=`` argument of the tree and tree-attention wrappers
+        (one call), or ``cuda_validation()`` (a block of this thread's calls, the engine's
+        included). Default: off; ``EAGLE3_CUDA_VALIDATE=1`` turns the default on for the
+        process (read once, at the first CUDA call; 0 or unset: off).
+    CPU ISA: ``set_cpu_isa`` caps the vector ISA of the CPU kernels' builds; ``get_cpu_isa``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+import contextlib
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from . import _C  # noqa: F401  (registers the schemas read below)
+from .errors import BadInputError, BadInputTypeError
 
 _OPS = ("fused_aux_fc", "build_tree_kernel_efficient", "verify_tree_greedy", "tree_speculative_sampling_target_only",
         "tree_speculative_sampling_draft_probs", "tree_attention", "tree_attention_paged")
@@ -37,16 +52,69 @@ def _is(kind: str, value: Any) -> bool:
     return True
 
 
-def _call(name: str, *args: Any):
+def _call(name: str, *args: Any, validate: Optional[bool] = None):
     """torch.ops.eagle3.<name>(*args) after a TypeError naming the argument for a value of the
-    wrong Python type (the dispatcher's own error is a RuntimeError quoting the whole schema)."""
+    wrong Python type (the dispatcher's own error is a RuntimeError quoting the whole schema);
+    ``validate``: True / False: within ``cuda_validation(validate)``, None: as it is."""
     for (arg, kind), value in zip(_SIGNATURES[name], args):
         optional = kind.startswith("Optional[")
         kind = kind[len("Optional["):-1] if optional else kind
         if not (value is None and optional) and not _is(kind, value):
             expected = _PYTHON_TYPES.get(kind, kind) + (" or None" if optional else "")
             raise TypeError(f"eagle3.{name}: {arg} must be {expected}, got {type(value).__name__}")
-    return getattr(torch.ops.eagle3, name)(*args)
+    op = getattr(torch.ops.eagle3, name)
+    if validate is None:  # (nothing more to trace under torch.compile)
+        return op(*args)
+    if not isinstance(validate, bool):
+        raise BadInputTypeError(f"eagle3.{name}: validate must be True, False or None, got {validate!r} "
+                                f"({type(validate).__name__})")
+    with cuda_validation(validate):
+        return op(*args)
+
+
+@contextlib.contextmanager
+def cuda_validation(on: bool = True) -> Iterator[None]:
+    """Within the block, this thread's eagle3 op calls on CUDA read back and raise the errors
+    their kernels find in the tensors' values (``on``), or not (module docstring): the calls of
+    the wrappers without ``validate=`` and of ``torch.ops.eagle3.*``, a generator's included
+    (not a CUDA graph's replays: nothing is read back while one is captured). The setting
+    before the block comes back after it."""
+    if not isinstance(on, bool):
+        raise BadInputTypeError(f"cuda_validation: on must be True or False, got {on!r} ({type(on).__name__})")
+    previous = _C.set_cuda_validation(on)
+    try:
+        yield
+    finally:
+        _C.set_cuda_validation(previous)
+
+
+CPU_ISAS = ("generic", "avx2", "avx512")
+
+
+def set_cpu_isa(isa: Optional[str]) -> None:
+    """Caps the vector ISA of the CPU kernels' builds, for the whole process, from the next call.
+
+    Each CPU kernel built for several ISAs runs the widest this CPU has, at most ``isa``:
+    tree_attention's AVX-512, AVX2 + FMA or portable build ("generic"); fused_aux_fc's
+    streaming kernel for few rows in its AVX-512 or AVX2 build, or for "generic" ATen's GEMMs
+    only. A cap above what the CPU has changes nothing.
+
+    Args:
+        isa: "avx512", "avx2", "generic", or None (the default): no cap. Before any call the cap
+            is ``EAGLE3_CPU_ISA``'s value when that is set (read once, at the first CPU kernel
+            call or ``get_cpu_isa``; another name than the three raises a ValueError then).
+    """
+    expected = f"set_cpu_isa: isa must be one of {', '.join(map(repr, CPU_ISAS))} or None, got {isa!r}"
+    if isa is not None and not isinstance(isa, str):
+        raise BadInputTypeError(f"{expected} ({type(isa).__name__})")
+    if isa is not None and isa not in CPU_ISAS:
+        raise BadInputError(expected)
+    _C.set_cpu_isa(isa)
+
+
+def get_cpu_isa() -> Optional[str]:
+    """The cap ``set_cpu_isa`` set ("avx512", "avx2", "generic"), or None for none."""
+    return _C.get_cpu_isa()
 
 
 def fused_aux_fc(
@@ -130,6 +198,8 @@ def build_tree_kernel_efficient(
     depth: int,
     draft_token_num: int,
     tree_mask_mode: int = 0,
+    *,
+    validate: Optional[bool] = None,
 ) -> None:
     """Build one EAGLE-2 draft tree per request, writing every output in place.
 
@@ -148,17 +218,21 @@ def build_tree_kernel_efficient(
         positions: written, int64 ``[bs * N]`` = seq_len + depth of the node.
         retrive_index, retrive_next_token, retrive_next_sibling: written, int64 ``[bs, N]``:
             ``b * N + i``, first child, next sibling (ascending node order, -1 for none).
+        validate: on CUDA, read back what the kernel found in the values and raise it
+            (``cuda_validation``; a synchronization). None (the default): off, unless
+            ``EAGLE3_CUDA_VALIDATE=1``. The CPU entry always raises.
 
     Raises:
         ValueError: for wrong shapes or sizes, and for an invalid tree (a node whose parent is
         not among the selected nodes), naming the request and the node. TypeError: for a
         wrong dtype or a non-tensor argument. On CUDA the invalid-tree check raises only with
-        ``EAGLE3_CUDA_VALIDATE=1`` (otherwise the request stops, nothing is read back).
+        validation (otherwise the request stops, nothing is read back).
     """
     _call(
         "build_tree_kernel_efficient",
         parent_list, selected_index, verified_seq_len, tree_mask, positions, retrive_index,
         retrive_next_token, retrive_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
+        validate=validate,
     )
 
 
@@ -171,6 +245,8 @@ def verify_tree_greedy(
     retrive_next_token: torch.Tensor,
     retrive_next_sibling: torch.Tensor,
     target_predict: torch.Tensor,
+    *,
+    validate: Optional[bool] = None,
 ) -> None:
     """Greedy tree verification, writing predicts, accept_index and accept_token_num in place.
 
@@ -182,11 +258,14 @@ def verify_tree_greedy(
         accept_token_num: int32 ``[bs]``; accepted draft tokens (neither root nor bonus).
         candidates, retrive_index, retrive_next_token, retrive_next_sibling: int64 ``[bs, N]``.
         target_predict: int64 ``[bs, N]``, the target's argmax at every node.
+        validate: on CUDA, read back what the kernel found in the values and raise it
+            (``cuda_validation``; a synchronization). None (the default): off, unless
+            ``EAGLE3_CUDA_VALIDATE=1``. The CPU entry always raises.
     """
     _call(
         "verify_tree_greedy",
         predicts, accept_index, accept_token_num, candidates, retrive_index,
-        retrive_next_token, retrive_next_sibling, target_predict,
+        retrive_next_token, retrive_next_sibling, target_predict, validate=validate,
     )
 
 
@@ -205,6 +284,8 @@ def tree_speculative_sampling_target_only(
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
     deterministic: bool = True,
+    *,
+    validate: Optional[bool] = None,
 ) -> None:
     """Lossless tree verification by recursive rejection sampling, in place.
 
@@ -224,13 +305,16 @@ def tree_speculative_sampling_target_only(
         draft_probs: float32 ``[bs, N, V]``, zeros on entry; written.
         threshold_single, threshold_acc: in [0, 1]; 1.0 for exact (lossless) sampling.
         deterministic: a reproducible reduction order on CUDA (CPU is always deterministic).
+        validate: on CUDA, read back what the kernel found in the values and raise it
+            (``cuda_validation``; a synchronization). None (the default): off, unless
+            ``EAGLE3_CUDA_VALIDATE=1``. The CPU entry always raises.
     """
     _call(
         "tree_speculative_sampling_target_only",
         predicts, accept_index, accept_token_num, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, uniform_samples,
         uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single,
-        threshold_acc, deterministic,
+        threshold_acc, deterministic, validate=validate,
     )
 
 
@@ -247,6 +331,8 @@ def tree_speculative_sampling_draft_probs(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
     deterministic: bool = True,
+    *,
+    validate: Optional[bool] = None,
 ) -> None:
     """Lossless tree verification with the draft's probabilities (SpecInfer / EAGLE), in place.
 
@@ -272,12 +358,15 @@ def tree_speculative_sampling_draft_probs(
         draft_probs: float32 ``[bs, N, V]``, read only: row i is the distribution node i's
             children were drawn from.
         deterministic: a reproducible reduction order on CUDA (CPU is always deterministic).
+        validate: on CUDA, read back what the kernel found in the values and raise it
+            (``cuda_validation``; a synchronization). None (the default): off, unless
+            ``EAGLE3_CUDA_VALIDATE=1``. The CPU entry always raises.
     """
     _call(
         "tree_speculative_sampling_draft_probs",
         predicts, accept_index, accept_token_num, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling, uniform_samples,
-        uniform_samples_for_final_sampling, target_probs, draft_probs, deterministic,
+        uniform_samples_for_final_sampling, target_probs, draft_probs, deterministic, validate=validate,
     )
 
 
@@ -344,6 +433,8 @@ def tree_attention(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     tree_start: Optional[torch.Tensor] = None,
+    *,
+    validate: Optional[bool] = None,
 ) -> torch.Tensor:
     """Attention of N draft-tree tokens against their KV prefix and their tree ancestors.
 
@@ -371,6 +462,9 @@ def tree_attention(
             ``tree_start[b] + j`` (>= cache_lens[b]) instead of right after the prefix, so
             requests of different lengths can share one append offset; their positions are
             unchanged. None: ``cache_lens``.
+        validate: on CUDA, read back what the kernel found in the values and raise it
+            (``cuda_validation``; a synchronization). None (the default): off, unless
+            ``EAGLE3_CUDA_VALIDATE=1``. The CPU entry always raises.
 
     Returns:
         ``[B, N, Hq, Dv]`` in q's dtype.
@@ -379,12 +473,11 @@ def tree_attention(
         ValueError: naming the argument and the numbers for wrong shapes, devices, a mask row
         without its diagonal, ``cache_lens[b] + N > S_max``, a negative window or soft-cap.
         TypeError: for a wrong dtype or an argument of the wrong Python type. On CUDA the
-        checks of tensor values (lengths, mask diagonal) raise only with
-        ``EAGLE3_CUDA_VALIDATE=1``; otherwise an invalid request's rows come out zero and
-        nothing is read back.
+        checks of tensor values (lengths, mask diagonal) raise only with validation;
+        otherwise an invalid request's rows come out zero and nothing is read back.
     """
     return _call("tree_attention", q, k_cache, v_cache, cache_lens, tree_mask, scale, window, softcap, sinks,
-                 tree_start)
+                 tree_start, validate=validate)
 
 
 def tree_attention_paged(
@@ -399,6 +492,8 @@ def tree_attention_paged(
     softcap: float = 0.0,
     sinks: Optional[torch.Tensor] = None,
     tree_start: Optional[torch.Tensor] = None,
+    *,
+    validate: Optional[bool] = None,
 ) -> torch.Tensor:
     """tree_attention over a paged KV cache.
 
@@ -408,14 +503,14 @@ def tree_attention_paged(
         block_table: int32 ``[B, max_blocks]``; cache position s of request b is row
             ``s % page_size`` of page ``block_table[b, s // page_size]``. It must cover
             ``cache_lens[b] + N`` positions.
-        q, cache_lens, tree_mask, scale, window, softcap, sinks, tree_start: as in
+        q, cache_lens, tree_mask, scale, window, softcap, sinks, tree_start, validate: as in
             :func:`tree_attention`.
 
     Returns:
         ``[B, N, Hq, Dv]`` in q's dtype.
     """
     return _call("tree_attention_paged", q, k_pages, v_pages, block_table, cache_lens, tree_mask, scale,
-                 window, softcap, sinks, tree_start)
+                 window, softcap, sinks, tree_start, validate=validate)
 
 
 def _tree_attention_fake_checks(op, q, k, v, tree_mask):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import List
 
+from .errors import BadInputError
 from .validation import read_text_file
 
 
@@ -21,13 +22,13 @@ def load_prompts(path: str) -> List[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                raise BadInputError(f"{path}:{n}: not valid JSON ({e.msg})") from None
             prompt = record.get("prompt") if isinstance(record, dict) else None
             if not isinstance(prompt, str) or not prompt.strip():
-                raise ValueError(f"{path}:{n}: expected an object with a non-empty \"prompt\" string")
+                raise BadInputError(f"{path}:{n}: expected an object with a non-empty \"prompt\" string")
             prompts.append(prompt)
     else:
         prompts = [block.strip("\n") for block in content.split("\n\n") if block.strip()]
     if not prompts:
-        raise ValueError(f"{path} holds no prompt")
+        raise BadInputError(f"{path} holds no prompt")
     return prompts

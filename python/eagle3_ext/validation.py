@@ -1,8 +1,10 @@
 """Checks of the values a user gives, shared by the API's configs and the command line.
 
-Every error names the argument, says what was expected and what came: a TypeError for a value
-of the wrong kind, a ValueError for one out of range. No check reads 0, an empty string or an
-empty list as "not given": None is the only "use the default".
+Every error names the argument, says what was expected and what came, and is an
+``errors.BadInput`` (the ``eagle3`` command's exit code 2): a ``BadInputTypeError`` (a TypeError)
+for a value of the wrong kind, a ``BadInputError`` (a ValueError) for one out of range, a
+``MissingPathError`` (a FileNotFoundError) for a path that does not exist. No check reads 0, an
+empty string or an empty list as "not given": None is the only "use the default".
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import math
 import os
 from typing import Any, Optional, Sequence
+
+from .errors import BadInputError, BadInputTypeError, MissingPathError, UnreadablePathError
 
 
 def _bounds(low: Optional[float], high: Optional[float], low_open: bool = False) -> str:
@@ -55,9 +59,9 @@ def integer(name: str, value: Any, minimum: Optional[int] = None, maximum: Optio
     """``value`` if it is an int (not a bool) within [minimum, maximum]."""
     expected = describe_integer(minimum, maximum)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
+        raise BadInputTypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
     if not in_range(value, minimum, maximum):
-        raise ValueError(_fault(name, expected, str(value)))
+        raise BadInputError(_fault(name, expected, str(value)))
     return value
 
 
@@ -66,41 +70,41 @@ def number(name: str, value: Any, minimum: Optional[float] = None, maximum: Opti
     """``value`` as a float if it is a finite int or float within the bounds."""
     expected = describe_number(minimum, maximum, exclusive_minimum)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
+        raise BadInputTypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
     if not in_range(float(value), minimum, maximum, exclusive_minimum):
-        raise ValueError(_fault(name, expected, f"{value:g}"))
+        raise BadInputError(_fault(name, expected, f"{value:g}"))
     return float(value)
 
 
 def boolean(name: str, value: Any) -> bool:
     """``value`` if it is a bool (1 and "yes" are not: a typo would pass as a switch)."""
     if not isinstance(value, bool):
-        raise TypeError(_fault(name, "True or False", f"{value!r} ({type(value).__name__})"))
+        raise BadInputTypeError(_fault(name, "True or False", f"{value!r} ({type(value).__name__})"))
     return value
 
 
 def choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
     if value not in choices:
-        raise ValueError(_fault(name, "one of " + ", ".join(repr(c) for c in choices), repr(value)))
+        raise BadInputError(_fault(name, "one of " + ", ".join(repr(c) for c in choices), repr(value)))
     return value
 
 
 def text(name: str, value: Any) -> str:
     """A non-empty string."""
     if not isinstance(value, str):
-        raise TypeError(_fault(name, "a string", type(value).__name__))
+        raise BadInputTypeError(_fault(name, "a string", type(value).__name__))
     if not value.strip():
-        raise ValueError(_fault(name, "a non-empty string", repr(value)))
+        raise BadInputError(_fault(name, "a non-empty string", repr(value)))
     return value
 
 
 def path(name: str, value: Any) -> str:
     """A non-empty path (str or os.PathLike) as a string; it need not exist."""
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(_fault(name, "a path (str or os.PathLike)", type(value).__name__))
+        raise BadInputTypeError(_fault(name, "a path (str or os.PathLike)", type(value).__name__))
     value = os.fspath(value)
     if not value.strip():
-        raise ValueError(_fault(name, "a non-empty path", repr(value)))
+        raise BadInputError(_fault(name, "a non-empty path", repr(value)))
     return value
 
 
@@ -112,11 +116,11 @@ def existing_file(name: str, value: Any) -> str:
     """A path to a readable regular file."""
     value = path(name, value)
     if os.path.isdir(value):
-        raise ValueError(f"{_where(name, value)} is a directory, expected a file")
+        raise BadInputError(f"{_where(name, value)} is a directory, expected a file")
     if not os.path.exists(value):
-        raise FileNotFoundError(f"{_where(name, value)} does not exist, expected a file")
+        raise MissingPathError(f"{_where(name, value)} does not exist, expected a file")
     if not os.access(value, os.R_OK):
-        raise PermissionError(f"{_where(name, value)} is not readable")
+        raise UnreadablePathError(f"{_where(name, value)} is not readable")
     return value
 
 
@@ -124,9 +128,9 @@ def existing_dir(name: str, value: Any) -> str:
     """A path to an existing directory."""
     value = path(name, value)
     if not os.path.exists(value):
-        raise FileNotFoundError(f"{_where(name, value)} does not exist, expected a directory")
+        raise MissingPathError(f"{_where(name, value)} does not exist, expected a directory")
     if not os.path.isdir(value):
-        raise ValueError(f"{_where(name, value)} is a file, expected a directory")
+        raise BadInputError(f"{_where(name, value)} is a file, expected a directory")
     return value
 
 
@@ -134,7 +138,7 @@ def output_dir(name: str, value: Any) -> str:
     """A directory to write into: existing, or one that can be created (not a file)."""
     value = path(name, value)
     if os.path.exists(value) and not os.path.isdir(value):
-        raise ValueError(f"{_where(name, value)} is a file, expected a directory to write into")
+        raise BadInputError(f"{_where(name, value)} is a file, expected a directory to write into")
     return value
 
 
@@ -147,12 +151,12 @@ def read_text_file(name: str, value: Any) -> str:
     where = _where(name, value)
     if b"\0" in raw:
         line = raw[:raw.index(b"\0")].count(b"\n") + 1
-        raise ValueError(f"{where}:{line}: a NUL byte: this is a binary file, expected UTF-8 text")
+        raise BadInputError(f"{where}:{line}: a NUL byte: this is a binary file, expected UTF-8 text")
     try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{where}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8; expected UTF-8 text") from None
+        raise BadInputError(f"{where}:{line}: byte 0x{raw[e.start]:02x} is not UTF-8; expected UTF-8 text") from None
     if not content.strip():
-        raise ValueError(f"{where} is empty")
+        raise BadInputError(f"{where} is empty")
     return content

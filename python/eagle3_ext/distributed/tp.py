@@ -23,6 +23,8 @@ from typing import List, Sequence
 import torch
 import torch.distributed as dist
 
+from ..errors import BadInputError
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -49,7 +51,7 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        raise BadInputError(f"timeout_s must be positive, got {timeout_s}")
     if not dist.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
@@ -97,8 +99,8 @@ def load_target(path: str, dtype: torch.dtype, tp_size: int | None = None, dp_re
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, distributed_config=DistributedConfig(**options))
     except (ValueError, NotImplementedError) as e:
-        raise ValueError(f"the target at {path} has no tensor-parallel plan in transformers ({e}); run it with "
-                         "one process") from e
+        raise BadInputError(f"the target at {path} has no tensor-parallel plan in transformers ({e}); run it with "
+                            "one process") from e
 
 
 def shared_seed(seed: int | None) -> int:

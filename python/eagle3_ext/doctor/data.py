@@ -14,6 +14,8 @@ from typing import List, Sequence
 
 import torch
 
+from ..errors import BadInputError
+
 SAMPLE_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample.txt")
 
 
@@ -43,8 +45,8 @@ def self_generated(target, tokenizer, paths: Sequence[str], num_sequences: int, 
 
     ids = _text_ids(paths, tokenizer)
     if len(ids) < prompt_tokens:
-        raise ValueError(f"the doctor's sample text has {len(ids)} tokens; at least {prompt_tokens} are needed to "
-                         "cut prompts from it (give more text with --data)")
+        raise BadInputError(f"the doctor's sample text has {len(ids)} tokens; at least {prompt_tokens} are needed to "
+                            "cut prompts from it (give more text with --data)")
     span = len(ids) - prompt_tokens
     starts = [round(i * span / max(1, num_sequences - 1)) for i in range(num_sequences)]
     prompts = torch.tensor([ids[s:s + prompt_tokens] for s in starts], dtype=torch.long)

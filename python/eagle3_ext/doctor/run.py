@@ -35,6 +35,7 @@ from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import config_fix, describe_fix, resolve_aux_layer_ids, target_dims
 from ..draft.checkpoint import FINGERPRINT_NAME, config_from_dict, read_checkpoint
 from ..engine.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
+from ..errors import BadInputError, BadInputTypeError
 from .candidates import Setup, candidate_layer_sets, flag_setups, variant
 from .data import SAMPLE_TEXT, EvalData, from_text, self_generated
 from .evidence import paired_difference
@@ -76,11 +77,11 @@ class Doctor:
                                  ("acceptance_tokens", acceptance_tokens, 1)):
             validation.integer(f"doctor: {name}", value, low)
         if self_generate and prompt_tokens >= max_len:
-            raise ValueError(f"doctor: prompt_tokens ({prompt_tokens}) must be below max_len ({max_len})")
+            raise BadInputError(f"doctor: prompt_tokens ({prompt_tokens}) must be below max_len ({max_len})")
         if data is not None:
             if isinstance(data, (str, os.PathLike)) or not isinstance(data, (list, tuple)) or not data:
-                raise TypeError(f"doctor: data must be None (the bundled sample) or a non-empty list of file paths, "
-                                f"got {data!r}")
+                raise BadInputTypeError(f"doctor: data must be None (the bundled sample) or a non-empty list of file "
+                                        f"paths, got {data!r}")
             for i, item in enumerate(data):
                 validation.existing_file(f"doctor: data[{i}]", item)
         check_target_dir(target_dir)
@@ -378,8 +379,9 @@ class Doctor:
         """Records the fingerprint of the configured layers and stores it with the draft (in
         config.json for the eagle3_ext format, else in a sidecar). Only after a HEALTHY verdict."""
         if not self.report.healthy:
-            raise ValueError(f"--write-fingerprint: the verdict is not HEALTHY ({self.report.verdict.split(':')[0]}); "
-                             "fix the setup first, or the fingerprint would record the wrong layers")
+            raise BadInputError("--write-fingerprint: the verdict is not HEALTHY "
+                                f"({self.report.verdict.split(':')[0]}); fix the setup first, or the fingerprint "
+                                "would record the wrong layers")
         data = data or self.eval_data()
         probe = fingerprint.probe_from_sequences(e.input_ids.tolist() for e in data.sequences)
         fp = fingerprint.record(self.target, self.report.configured, probe)

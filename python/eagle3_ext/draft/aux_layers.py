@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from ..errors import BadInputError, BadInputTypeError
 from ..validation import integer
 
 
@@ -30,7 +31,7 @@ CONVENTION_DOC = "index into output_hidden_states: 0 = embedding output, i = out
 def eagle_default_aux_layers(num_target_layers: int) -> Tuple[int, ...]:
     """EAGLE-3's default capture for a target with ``num_target_layers`` decoder layers."""
     if num_target_layers < 4:
-        raise ValueError(
+        raise BadInputError(
             f"EAGLE-3's default aux layers [2, L//2, L-3] need a target with at least 4 layers, "
             f"got L={num_target_layers}")
     return (2, num_target_layers // 2, num_target_layers - 3)
@@ -52,7 +53,7 @@ class AuxLayerResolution:
 
 def _ids(value: Any, key: str) -> Tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, int) for v in value):
-        raise ValueError(f"{key} must be a non-empty list of integers, got {value!r}")
+        raise BadInputError(f"{key} must be a non-empty list of integers, got {value!r}")
     return tuple(int(v) for v in value)
 
 
@@ -69,15 +70,15 @@ def resolve_aux_layer_ids(config: Mapping[str, Any],
     doctor resolves a faulty checkpoint's ids in order to name the fault.
     """
     if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a checkpoint's config.json as a dict, got {type(config).__name__}")
+        raise BadInputTypeError(f"config must be a checkpoint's config.json as a dict, got {type(config).__name__}")
     if num_target_layers is not None:
         integer("num_target_layers", num_target_layers, 1)
     ours = config.get("eagle3_ext")
     if isinstance(ours, Mapping) and "aux_layer_ids" in ours:
         convention = ours.get("aux_layer_convention", CONVENTION)
         if convention != CONVENTION:
-            raise ValueError(f"eagle3_ext.aux_layer_convention: unknown convention {convention!r} "
-                             f"(expected {CONVENTION!r})")
+            raise BadInputError(f"eagle3_ext.aux_layer_convention: unknown convention {convention!r} "
+                                f"(expected {CONVENTION!r})")
         ids = _ids(ours["aux_layer_ids"], "eagle3_ext.aux_layer_ids")
         return AuxLayerResolution(ids, "eagle3_ext format: stored as hidden_states indices", ids)
 
@@ -87,7 +88,7 @@ def resolve_aux_layer_ids(config: Mapping[str, Any],
         top_ids = _ids(top, "eagle_aux_hidden_state_layer_ids")
         nested_ids = _ids(nested, "eagle_config.eagle_aux_hidden_state_layer_ids")
         if top_ids != tuple(i + 1 for i in nested_ids):
-            raise ValueError(
+            raise BadInputError(
                 f"config.json has both eagle_aux_hidden_state_layer_ids={list(top_ids)} (vLLM: raw "
                 f"hidden_states indices) and eagle_config.eagle_aux_hidden_state_layer_ids="
                 f"{list(nested_ids)} (SpecForge/SGLang: layer outputs, index = id + 1), and they "
@@ -119,7 +120,7 @@ def target_dims(target_config: Any) -> Tuple[int, int, int]:
         return target_dims(text)
     values = [get("num_hidden_layers"), get("hidden_size"), get("vocab_size")]
     if any(v is None for v in values):
-        raise ValueError(
+        raise BadInputError(
             "target config must give num_hidden_layers, hidden_size and vocab_size, got "
             f"{dict(zip(('num_hidden_layers', 'hidden_size', 'vocab_size'), values))}")
     return int(values[0]), int(values[1]), int(values[2])
@@ -130,7 +131,7 @@ def check_aux_layers(ids: Sequence[int], num_target_layers: int, fc_in_features:
     """Raise a ValueError naming the numbers when ``ids`` cannot feed the draft's fc."""
     bad = [i for i in ids if not 0 <= i <= num_target_layers]
     if bad:
-        raise ValueError(
+        raise BadInputError(
             f"aux layer ids {list(ids)} include {bad}, outside [0, {num_target_layers}] for a target "
             f"with {num_target_layers} layers (internal convention: {CONVENTION_DOC}); the draft was "
             f"trained for a deeper target or its ids are in another convention")
@@ -140,11 +141,11 @@ def check_aux_layers(ids: Sequence[int], num_target_layers: int, fc_in_features:
             trained = fc_in_features // target_hidden_size
             cause = ("the embedding output (index 0) or an extra layer is captured"
                      if k > trained else "a layer the draft was trained with is missing")
-            raise ValueError(
+            raise BadInputError(
                 f"{k} aux layers {list(ids)} x hidden {target_hidden_size} = {k * target_hidden_size} "
                 f"but the draft's fc expects {fc_in_features} = {trained} x {target_hidden_size}; "
                 f"the capture differs from training: {cause}")
-        raise ValueError(
+        raise BadInputError(
             f"{k} aux layers x target hidden {target_hidden_size} = {k * target_hidden_size} but the "
             f"draft's fc expects {fc_in_features}, not a multiple of {target_hidden_size}: the draft "
             f"was trained for a target of another hidden size")

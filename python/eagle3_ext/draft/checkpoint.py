@@ -23,6 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 
+from ..errors import BadInputError, MissingPathError
 from .aux_layers import (CONVENTION, check_aux_layers, eagle_default_aux_layers,
                          resolve_aux_layer_ids, target_dims)
 from .config import Eagle3DraftConfig
@@ -64,8 +65,8 @@ def _read_state(path: str) -> Dict[str, torch.Tensor]:
             return torch.load(binary, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (truncated or corrupt files raise many kinds)
         name = st if os.path.exists(st) else binary
-        raise ValueError(f"{name} cannot be read (truncated or corrupt?): {type(e).__name__}: {e}") from None
-    raise FileNotFoundError(f"{path}: no {SAFETENSORS_NAME} or {BIN_NAME} found")
+        raise BadInputError(f"{name} cannot be read (truncated or corrupt?): {type(e).__name__}: {e}") from None
+    raise MissingPathError(f"{path}: no {SAFETENSORS_NAME} or {BIN_NAME} found")
 
 
 # SGLang's legacy names for the per-aux norms.
@@ -135,19 +136,19 @@ def read_config(path: str, role: str = "draft") -> Dict[str, Any]:
     """A model directory's config.json as a dict, with a one-line error for a missing directory,
     a directory without config.json or invalid JSON (``role`` names the directory's part)."""
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{role} directory {path} does not exist")
+        raise MissingPathError(f"{role} directory {path} does not exist")
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
-        raise FileNotFoundError(f"{path} has no config.json: not a {role} model directory")
+        raise MissingPathError(f"{path} has no config.json: not a {role} model directory")
     try:
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise BadInputError(f"{config_path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{config_path} is not UTF-8 text (a binary file?); expected a JSON object") from None
+        raise BadInputError(f"{config_path} is not UTF-8 text (a binary file?); expected a JSON object") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{config_path} holds a JSON {type(config).__name__}, expected an object of model settings")
+        raise BadInputError(f"{config_path} holds a JSON {type(config).__name__}, expected an object of model settings")
     return config
 
 
@@ -157,7 +158,7 @@ def read_checkpoint(path: str) -> Tuple[Dict[str, Any], str, Dict[str, torch.Ten
     raw = read_config(path, "draft")
     state = normalize_names(_read_state(path))
     if "fc.weight" not in state:
-        raise ValueError(f"{path}: the checkpoint has no fc.weight; it is not an EAGLE-3 draft")
+        raise BadInputError(f"{path}: the checkpoint has no fc.weight; it is not an EAGLE-3 draft")
     return raw, detect_format(raw), state
 
 
@@ -179,8 +180,8 @@ def load_draft(cls, path: str, target_config: Any = None):
         if any(k.startswith(("fc_norm.", "input_norm.")) for k in list(unexpected) + list(missing)):
             hint = (" (the norm weights before the fc and the fc_norm / norm_before_fc flags in config.json "
                     "disagree)")
-        raise ValueError(f"{path} ({fmt} format): unexpected weights {sorted(unexpected)}, missing "
-                         f"{sorted(missing)}{hint}")
+        raise BadInputError(f"{path} ({fmt} format): unexpected weights {sorted(unexpected)}, missing "
+                            f"{sorted(missing)}{hint}")
     model.set_aux_layers(resolution)
     logger.info("loaded EAGLE-3 draft from %s (%s format)", path, fmt)
     if target_config is not None:
@@ -207,8 +208,8 @@ def _renamed_state(model, single_layer_prefix: Optional[str]) -> Dict[str, torch
     if single_layer_prefix is None:
         return state
     if model.config.num_hidden_layers != 1:
-        raise ValueError(f"this format stores exactly one draft layer ({single_layer_prefix}*), the draft "
-                         f"has {model.config.num_hidden_layers}")
+        raise BadInputError(f"this format stores exactly one draft layer ({single_layer_prefix}*), the draft "
+                            f"has {model.config.num_hidden_layers}")
     return {(single_layer_prefix + k[len("layers.0."):] if k.startswith("layers.0.") else k): v
             for k, v in state.items()}
 
@@ -221,7 +222,7 @@ def _formatted(model, fmt: str, verifier: Optional[Mapping[str, Any]],
         raise ValueError("the draft's aux layers are unresolved; call validate_against_target(target_config) "
                          "before saving")
     if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        raise BadInputError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     flags = write_flags({key: getattr(cfg, key) for key in FLAGS}, fmt)
     base = dict(_llama_dict(cfg), draft_vocab_size=cfg.draft_vocab_size, target_hidden_size=cfg.target_hidden_size)
     if fmt == "eagle3_ext":
@@ -237,13 +238,13 @@ def _formatted(model, fmt: str, verifier: Optional[Mapping[str, Any]],
             layers = cfg.target_num_hidden_layers
             default = list(eagle_default_aux_layers(layers)) if layers else None
             if ids != default:
-                raise ValueError(
+                raise BadInputError(
                     f"EAGLE's layout stores no aux ids, so readers assume the default [2, L//2, L-3] = {default} "
                     f"(L={layers}); this draft reads {ids}: save it as 'specforge', 'vllm' or 'eagle3_ext'")
         else:
             if min(ids) < 1:
-                raise ValueError(f"aux layers {ids} include the embedding output (index 0), which SpecForge's "
-                                 "layer-output ids cannot express")
+                raise BadInputError(f"aux layers {ids} include the embedding output (index 0), which SpecForge's "
+                                    "layer-output ids cannot express")
             config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
                                       "use_aux_hidden_state": True}
         return config, _renamed_state(model, "midlayer.")
@@ -267,7 +268,7 @@ def _formatted(model, fmt: str, verifier: Optional[Mapping[str, Any]],
 def save_draft(model, path: str, fmt: str, safe_serialization: bool = True,
                verifier: Optional[Mapping[str, Any]] = None, speculative_tokens: int = 3) -> None:
     if not isinstance(speculative_tokens, int) or speculative_tokens < 1:
-        raise ValueError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
+        raise BadInputError(f"speculative_tokens must be a positive integer, got {speculative_tokens!r}")
     config, state = _formatted(model, fmt, verifier, speculative_tokens)
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional
 
+from ..errors import BadInputError
 from ..validation import integer
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -21,7 +22,7 @@ class Eagle3DraftConfig:
     ``aux_layer_ids_source`` says which rule produced them. They stay None until a target's
     layer count is known when the checkpoint relies on EAGLE's default.
 
-    Convention flags (each changes the computation; see docs/conventions.md):
+    Convention flags (each changes the computation; see docs/formats.md):
 
     - ``norm_before_residual``: the first layer's residual is RMSNorm(feature), not the raw feature.
     - ``fc_norm``: one RMSNorm per aux state before the fc (``fc_norm.{i}``).
@@ -83,24 +84,24 @@ class Eagle3DraftConfig:
                      "target_hidden_size", "num_aux_layers", "max_position_embeddings"):
             integer(f"Eagle3DraftConfig.{name}", getattr(self, name), 1)
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
+            raise BadInputError(
                 f"Eagle3DraftConfig: num_attention_heads={self.num_attention_heads} is not a multiple "
                 f"of num_key_value_heads={self.num_key_value_heads}")
         if self.draft_vocab_size > self.vocab_size:
-            raise ValueError(
+            raise BadInputError(
                 f"Eagle3DraftConfig: draft_vocab_size={self.draft_vocab_size} is larger than the "
                 f"target vocabulary vocab_size={self.vocab_size}")
         if self.fc_norm and self.norm_before_fc:
-            raise ValueError("Eagle3DraftConfig: fc_norm (one RMSNorm per aux state) and norm_before_fc (one "
-                             "RMSNorm over their concatenation) exclude each other; set one")
+            raise BadInputError("Eagle3DraftConfig: fc_norm (one RMSNorm per aux state) and norm_before_fc (one "
+                                "RMSNorm over their concatenation) exclude each other; set one")
         if self.norm_output and not self.final_norm:
-            raise ValueError("Eagle3DraftConfig: norm_output feeds the final RMSNorm's output back, which needs "
-                             "final_norm=True")
+            raise BadInputError("Eagle3DraftConfig: norm_output feeds the final RMSNorm's output back, which needs "
+                                "final_norm=True")
         if self.hidden_act != "silu":
-            raise ValueError(f"Eagle3DraftConfig.hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
+            raise BadInputError(f"Eagle3DraftConfig.hidden_act: only 'silu' is supported, got {self.hidden_act!r}")
         rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
+            raise BadInputError(
                 f"Eagle3DraftConfig.rope_scaling: rope_type {rope_type!r} is not supported "
                 f"(expected one of {', '.join(SUPPORTED_ROPE_TYPES)})")
 

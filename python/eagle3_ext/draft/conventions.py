@@ -5,7 +5,7 @@ A key that changes the draft's computation and is silently ignored is the failur
 exists to prevent (acceptance collapses, nothing crashes). So every key is either read here,
 on an explicit list of keys known to be harmless, or an error that names it.
 
-Convention flags and how each format spells them (``docs/conventions.md`` has the table):
+Convention flags and how each format spells them (``docs/formats.md`` has the table):
 
 | internal               | eagle3_ext            | vllm (speculators)          | specforge (SpecForge trainer)        |
 |------------------------|-----------------------|-----------------------------|--------------------------------------|
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Dict, Mapping
+
+from ..errors import BadInputError
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ def _check_block(block: Mapping[str, Any], where: str, top_level: bool) -> None:
 
 def _flag(value: Any, key: str, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"{where}: config key {key!r} must be true or false, got {value!r}")
+        raise BadInputError(f"{where}: config key {key!r} must be true or false, got {value!r}")
     return value
 
 
@@ -161,24 +163,24 @@ def write_flags(flags: Mapping[str, bool], fmt: str) -> Dict[str, Any]:
         return {key: bool(flags[key]) for key in FLAGS}
     if fmt == "vllm":
         if not flags["final_norm"]:
-            raise ValueError("the vllm (speculators) format cannot express final_norm=False (lm_head reading the "
-                             "hidden state without the final norm); save it as 'specforge' or 'eagle3_ext'")
+            raise BadInputError("the vllm (speculators) format cannot express final_norm=False (lm_head reading the "
+                                "hidden state without the final norm); save it as 'specforge' or 'eagle3_ext'")
         return {key: bool(flags[key]) for key in ("norm_before_residual", "fc_norm", "norm_before_fc", "norm_output")}
     out: Dict[str, Any] = {}
     if flags["norm_output"]:
-        raise ValueError(f"the {fmt} format cannot express norm_output (the normed hidden state fed back across "
-                         "draft steps): SpecForge's LlamaForCausalLMEagle3 always feeds the pre-norm state back; "
-                         "save it as 'vllm' or 'eagle3_ext'")
+        raise BadInputError(f"the {fmt} format cannot express norm_output (the normed hidden state fed back across "
+                            "draft steps): SpecForge's LlamaForCausalLMEagle3 always feeds the pre-norm state back; "
+                            "save it as 'vllm' or 'eagle3_ext'")
     if flags["norm_before_fc"]:
-        raise ValueError(f"the {fmt} format cannot express norm_before_fc (SpecForge's LlamaForCausalLMEagle3 has "
-                         "no input_norm); save it as 'vllm' or 'eagle3_ext'")
+        raise BadInputError(f"the {fmt} format cannot express norm_before_fc (SpecForge's LlamaForCausalLMEagle3 has "
+                            "no input_norm); save it as 'vllm' or 'eagle3_ext'")
     if fmt == "eagle" and (flags["norm_before_residual"] or flags["fc_norm"] or not flags["final_norm"]):
-        raise ValueError("EAGLE's layout has no convention flags; save this draft as 'specforge', 'vllm' or "
-                         "'eagle3_ext'")
+        raise BadInputError("EAGLE's layout has no convention flags; save this draft as 'specforge', 'vllm' or "
+                            "'eagle3_ext'")
     if flags["norm_before_residual"]:
-        raise ValueError(f"the {fmt} format cannot express norm_before_residual: SpecForge's "
-                         "LlamaForCausalLMEagle3 and SGLang always add the raw feature; save it as 'vllm' or "
-                         "'eagle3_ext'")
+        raise BadInputError(f"the {fmt} format cannot express norm_before_residual: SpecForge's "
+                            "LlamaForCausalLMEagle3 and SGLang always add the raw feature; save it as 'vllm' or "
+                            "'eagle3_ext'")
     if flags["fc_norm"]:
         out["fc_norm"] = True
     if not flags["final_norm"]:

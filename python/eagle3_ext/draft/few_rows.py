@@ -5,10 +5,9 @@
 A draft step multiplies one row per tree node (a chain: one row a request) by each weight, and
 a round's commit a handful: matrix-vector products, bound by reading the weight. ATen sends
 them to oneDNN, whose per-call setup is most of such a product's time; ``eagle3.fused_aux_fc``
-(k segments, here one or two) reads the weight once with fp32 accumulation. Measured on a
-2-core AVX512-BF16 CPU, the bundled draft's shapes, weights in cache: one row 2.5-3x faster
-than ``F.linear`` in bfloat16 (the 4096-row head 58 against 157 us, the 768 -> 640 attention
-input 21 against 62 us), 1.3-2x in float32; six rows 1.3-2x in both.
+(k segments, here one or two) reads the weight once with fp32 accumulation, faster than
+``F.linear`` over one to a few rows in bfloat16 and float32 (docs/perf_notes.md has the
+measurements).
 
 Many rows (prefill, training) stay with ``F.linear``, and so does every device but the CPU.
 Training keeps ``F.linear`` whatever the rows: gradients need not flow through the op.
@@ -53,7 +52,7 @@ def _frozen_graph() -> bool:
     """Whether this runs while a graph is traced for Inductor with frozen weights."""
     if not torch.compiler.is_compiling():
         return False
-    import torch._inductor.config as inductor_config  # (loaded by then; on its own it takes 1 s)
+    import torch._inductor.config as inductor_config  # (loaded by then; on its own it is slow to import)
 
     return bool(inductor_config.freezing)
 

@@ -29,6 +29,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
+from ..errors import BadInputError
+
 VERSION = 1
 PROBE_TOKENS = 64
 MIN_PROBE_TOKENS = 16
@@ -81,8 +83,8 @@ def probe_from_sequences(sequences: Iterable[Sequence[int]], length: int = PROBE
         if len(probe) >= length:
             break
     if len(probe) < MIN_PROBE_TOKENS:
-        raise ValueError(f"an activation fingerprint needs a probe of at least {MIN_PROBE_TOKENS} tokens, the data "
-                         f"gave {len(probe)}")
+        raise BadInputError(f"an activation fingerprint needs a probe of at least {MIN_PROBE_TOKENS} tokens, the data "
+                            f"gave {len(probe)}")
     return probe[:length]
 
 
@@ -150,15 +152,15 @@ def tolerances(fingerprint: Mapping[str, Any]) -> Dict[int, float]:
 def validate(fingerprint: Any, where: str = "fingerprint") -> Dict[str, Any]:
     """The fingerprint dict if it has the expected fields, else a ValueError naming what is wrong."""
     if not isinstance(fingerprint, Mapping):
-        raise ValueError(f"{where}: expected an object, got {type(fingerprint).__name__}")
+        raise BadInputError(f"{where}: expected an object, got {type(fingerprint).__name__}")
     if fingerprint.get("version") != VERSION:
-        raise ValueError(f"{where}: version {fingerprint.get('version')!r} is not supported (expected {VERSION})")
+        raise BadInputError(f"{where}: version {fingerprint.get('version')!r} is not supported (expected {VERSION})")
     for key in ("aux_layer_ids", "num_hidden_layers", "hidden_size", "probe_ids", "layers"):
         if key not in fingerprint:
-            raise ValueError(f"{where}: missing {key!r}")
+            raise BadInputError(f"{where}: missing {key!r}")
     for i in fingerprint["aux_layer_ids"]:
         if str(i) not in fingerprint["layers"]:
-            raise ValueError(f"{where}: no statistics for aux layer {i}")
+            raise BadInputError(f"{where}: no statistics for aux layer {i}")
     return dict(fingerprint)
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops
+from ..errors import BadInputError
 from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_layers, target_dims
 from .cache import Allocate, DraftKVCache
 from .config import Eagle3DraftConfig
@@ -199,19 +200,19 @@ class Eagle3DraftModel(nn.Module):
             self.set_aux_layers(AuxLayerResolution(ids, f"EAGLE default [2, L//2, L-3] for L={layers}: "
                                                         "the checkpoint stores no ids"))
         elif cfg.target_num_hidden_layers not in (None, layers):
-            raise ValueError(
+            raise BadInputError(
                 f"the draft was trained on a target with {cfg.target_num_hidden_layers} layers but this "
                 f"target has {layers}; its aux layers {cfg.aux_layer_ids} may not mean the same depth")
         if hidden != cfg.target_hidden_size:
-            raise ValueError(
+            raise BadInputError(
                 f"target hidden size {hidden} differs from the draft's target_hidden_size "
                 f"{cfg.target_hidden_size}: the draft was trained for another target")
         if hidden != cfg.hidden_size and not cfg.own_embeddings:
-            raise ValueError(
+            raise BadInputError(
                 f"target hidden size {hidden} differs from the draft's hidden size {cfg.hidden_size}: the "
                 f"draft reads the target's token embeddings, which must have its width")
         if vocab != cfg.vocab_size:
-            raise ValueError(
+            raise BadInputError(
                 f"target vocabulary {vocab} differs from the draft's vocab_size {cfg.vocab_size} (t2d has "
                 f"{self.t2d.numel()} entries): the draft was trained with another tokenizer")
         check_aux_layers(cfg.aux_layer_ids, layers, self.fc.in_features, hidden)
@@ -224,18 +225,18 @@ class Eagle3DraftModel(nn.Module):
         targets = torch.arange(n_draft, device=self.d2t.device) + self.d2t
         lo, hi = int(targets.min()), int(targets.max())
         if lo < 0 or hi >= n_target:
-            raise ValueError(
+            raise BadInputError(
                 f"d2t maps draft ids to target ids in [{lo}, {hi}], outside the target vocabulary "
                 f"[0, {n_target}): target id = i + d2t[i] must stay in range")
         if n_draft < n_target and not bool(self.d2t.any()):
-            raise ValueError(
+            raise BadInputError(
                 f"d2t is all zeros although the draft vocabulary ({n_draft}) is smaller than the "
                 f"target's ({n_target}): draft id i would always mean target id i; the d2t buffer "
                 "was not loaded or not trained")
         if torch.unique(targets).numel() != n_draft:
-            raise ValueError("d2t maps two draft ids to the same target id")
+            raise BadInputError("d2t maps two draft ids to the same target id")
         if int(self.t2d.sum()) != n_draft or not bool(self.t2d[targets].all()):
-            raise ValueError(
+            raise BadInputError(
                 f"t2d marks {int(self.t2d.sum())} target ids but d2t maps {n_draft} draft ids; t2d must "
                 "be True exactly at the target ids that d2t produces")
 
@@ -260,8 +261,8 @@ class Eagle3DraftModel(nn.Module):
             self.embed_tokens = None
             self.config.own_embeddings = False
         if width != self.config.hidden_size:
-            raise ValueError(f"target embedding width {width} differs from the draft hidden size "
-                             f"{self.config.hidden_size}")
+            raise BadInputError(f"target embedding width {width} differs from the draft hidden size "
+                                f"{self.config.hidden_size}")
         object.__setattr__(self, "_embed", embedding)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,10 @@
 accept -> compact."""
 
 from .capture import AuxHiddenCapture, find_decoder_layers
+from .compile_options import CompileOptions
 from .config import SamplingConfig, TreeConfig
 from .generator import CaptureMismatchError, SpeculativeGenerateOutput, SpeculativeGenerator
 from .stats import GenerationStats
 
-__all__ = ["AuxHiddenCapture", "CaptureMismatchError", "GenerationStats", "SamplingConfig", "SpeculativeGenerateOutput",
-           "SpeculativeGenerator", "TreeConfig", "find_decoder_layers"]
+__all__ = ["AuxHiddenCapture", "CaptureMismatchError", "CompileOptions", "GenerationStats", "SamplingConfig",
+           "SpeculativeGenerateOutput", "SpeculativeGenerator", "TreeConfig", "find_decoder_layers"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import BadInputError
+
 SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # Model types whose layers keep a recurrent state (or another attention the op does not
@@ -45,15 +47,16 @@ def check_served(config: Any) -> None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(text, "model_type", None) or getattr(config, "model_type", None)
     if model_type in UNSERVED_MODEL_TYPES:
-        raise ValueError(
+        raise BadInputError(
             f"eagle3_ext cannot serve a {model_type} target exactly: it has {UNSERVED_MODEL_TYPES[model_type]}, whose "
             "state cannot be rolled back when draft tokens are rejected (only attention layers over a KV cache can)")
     layer_types = getattr(text, "layer_types", None) or []
     other = sorted({t for t in layer_types if t not in SERVED_LAYER_TYPES})
     if other:
-        raise ValueError(
+        raise BadInputError(
             f"eagle3_ext cannot serve this {model_type} target exactly: its layer_types include {other} (served: "
             f"{', '.join(SERVED_LAYER_TYPES)})")
     if getattr(text, "attention_chunk_size", None):
-        raise ValueError(f"eagle3_ext cannot serve this {model_type} target exactly: it uses chunked local attention "
-                         f"(attention_chunk_size={text.attention_chunk_size}), which tree_attention does not compute")
+        raise BadInputError(f"eagle3_ext cannot serve this {model_type} target exactly: it uses chunked local "
+                            f"attention (attention_chunk_size={text.attention_chunk_size}), which tree_attention "
+                            "does not compute")

@@ -50,13 +50,21 @@ class Batch:
     """Per-request state (``requests``) and per-row state of the requests still running
     (``active``, ``roots``, ``inputs``, the two KV caches)."""
 
-    def __init__(self, generator, prompts: List[List[int]], settings: GenerateSettings, rng: torch.Generator):
+    def __init__(self, generator, prompts: List[List[int]], settings: GenerateSettings, rng: torch.Generator,
+                 echo: Optional[torch.Tensor] = None):
+        """``echo`` [B, L]: the prompts as they appear in the output (what stopping criteria see
+        before the new tokens); default, the prompts themselves."""
         self.gen = generator
         self.settings = settings
         self.rng = rng
         self.device = generator.target.get_input_embeddings().weight.device
+        criteria = settings.stopping_criteria
+        prefixes = ([None] * len(prompts) if criteria is None else
+                    [torch.tensor(p, device=self.device) if echo is None else echo[i].to(self.device)
+                     for i, p in enumerate(prompts)])
         self.requests = [Request(p, StopRule(settings.new_tokens_for(len(p)), settings.eos_token_ids,
-                                             settings.stop_strings, settings.tokenizer)) for p in prompts]
+                                             settings.stop_strings, settings.tokenizer, criteria, prefix))
+                         for p, prefix in zip(prompts, prefixes)]
         self.active = list(range(len(prompts)))
         # Compiled rounds shrink the batch to powers of two only: rows left over hold copies of
         # running requests (mirrors), whose outputs are dropped (see _drop_finished).
@@ -198,8 +206,8 @@ class Batch:
         stats.compact_time_s += time.perf_counter() - t5
 
     def emit(self, request: int, tokens: List[int]) -> None:
-        """Appends a request's newly accepted tokens, up to its first stop (EOS, stop string or
-        length, whichever comes first); streams what was kept."""
+        """Appends a request's newly accepted tokens, up to its first stop (EOS, stop string,
+        stopping criterion or length, whichever comes first); streams what was kept."""
         r = self.requests[request]
         if r.finished:
             return

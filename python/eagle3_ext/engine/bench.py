@@ -25,13 +25,17 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
 from .. import validation
 from ..dtypes import check_dtype_name
+from ..errors import BadInputError, BadInputTypeError
+from ..peers import llama_cpp_build
+from . import bench_llama_cpp, bench_peers
 from .baseline import hf_generate
+from .compile_options import CompileOptions, compile_options
 from .config import TreeConfig
 from .inputs import chat_prompt, uses_chat
 from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
@@ -59,8 +63,12 @@ class BenchConfig:
     configs: Dict[str, TreeConfig] = field(default_factory=lambda: dict(DEFAULT_CONFIGS))
     prompt_lookup_tokens: int = 10
     compiled_baseline: bool = True            # HF generate with a static cache and torch.compile (batch 1)
-    llama_cpp: bool = True                    # llama.cpp's greedy decoding when llama-cpp-python is installed
-    compile: bool = False                     # also every configuration compiled (verify forward, draft loop)
+    llama_cpp: bool = True                    # llama.cpp's rows (bench_llama_cpp) where llama.cpp is built,
+                                              # else its plain decoding where llama-cpp-python is installed
+    llama_cpp_dir: Optional[str] = None       # the llama.cpp build (benchmarks/build_llama_cpp.sh); None: its
+                                              # default folder
+    compile: Union[bool, None, CompileOptions] = False  # also every configuration compiled (verify forward,
+                                              # draft loop; True: CompileOptions(); False / None: not)
     out: str = "bench-results/e2e"
     dtype: str = "float32"
     draft_dtype: Optional[str] = None         # None: as the draft was saved
@@ -74,8 +82,8 @@ class BenchConfig:
         """Raises TypeError / ValueError naming the first bad field; returns the prompts to run."""
         if self.prompts is not None:
             if not isinstance(self.prompts, (list, tuple)) or not self.prompts:
-                raise TypeError(f"prompts must be None (the bundled set) or a non-empty list of strings, got "
-                                f"{self.prompts!r}")
+                raise BadInputTypeError(f"prompts must be None (the bundled set) or a non-empty list of strings, got "
+                                        f"{self.prompts!r}")
             for i, prompt in enumerate(self.prompts):
                 validation.text(f"prompts[{i}]", prompt)
         prompts = list(self.prompts) if self.prompts is not None else _bundled_prompts()
@@ -86,17 +94,19 @@ class BenchConfig:
         validation.integer("prompt_lookup_tokens", self.prompt_lookup_tokens, 1)
         validation.boolean("compiled_baseline", self.compiled_baseline)
         validation.boolean("llama_cpp", self.llama_cpp)
-        validation.boolean("compile", self.compile)
+        if self.llama_cpp_dir is not None:
+            validation.text("llama_cpp_dir", self.llama_cpp_dir)
+        compile_options(self.compile)
         if isinstance(self.batch_sizes, (int, str)) or not self.batch_sizes:
-            raise TypeError(f"batch_sizes must be a non-empty list of integers, got {self.batch_sizes!r}")
+            raise BadInputTypeError(f"batch_sizes must be a non-empty list of integers, got {self.batch_sizes!r}")
         for i, bs in enumerate(self.batch_sizes):
             # A batch larger than the prompts would silently run smaller batches.
             validation.integer(f"batch_sizes[{i}]", bs, 1, len(prompts))
         if not isinstance(self.configs, dict) or not self.configs:
-            raise TypeError(f"configs must be a non-empty dict of name -> TreeConfig, got {self.configs!r}")
+            raise BadInputTypeError(f"configs must be a non-empty dict of name -> TreeConfig, got {self.configs!r}")
         for name, tree in self.configs.items():
             if not isinstance(tree, TreeConfig):
-                raise TypeError(f"configs[{name!r}] must be a TreeConfig, got {type(tree).__name__}")
+                raise BadInputTypeError(f"configs[{name!r}] must be a TreeConfig, got {type(tree).__name__}")
         validation.output_dir("out", self.out)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
@@ -107,17 +117,17 @@ class BenchConfig:
 
     def _validate_sampling(self) -> None:
         if isinstance(self.temperatures, (int, float, str)) or not self.temperatures:
-            raise TypeError(f"temperatures must be a non-empty list of numbers >= 0 (0 = greedy), got "
-                            f"{self.temperatures!r}")
+            raise BadInputTypeError(f"temperatures must be a non-empty list of numbers >= 0 (0 = greedy), got "
+                                    f"{self.temperatures!r}")
         for i, t in enumerate(self.temperatures):
             validation.number(f"temperatures[{i}]", t, 0)
         if len(set(self.temperatures)) != len(self.temperatures):
-            raise ValueError(f"temperatures must be distinct (one run each), got {list(self.temperatures)}")
+            raise BadInputError(f"temperatures must be distinct (one run each), got {list(self.temperatures)}")
         validation.number("top_p", self.top_p, 0, 1, exclusive_minimum=True)
         validation.integer("top_k", self.top_k, 0)
         if (self.top_p != 1.0 or self.top_k != 0) and not any(t > 0 for t in self.temperatures):
-            raise ValueError(f"top_p={self.top_p:g} / top_k={self.top_k} filter the sampled runs, but temperatures "
-                             f"{list(self.temperatures)} run greedy only; add a temperature > 0")
+            raise BadInputError(f"top_p={self.top_p:g} / top_k={self.top_k} filter the sampled runs, but temperatures "
+                                f"{list(self.temperatures)} run greedy only; add a temperature > 0")
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
@@ -131,13 +141,18 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     if chat:
         prompts = [chat_prompt(p, tok) for p in prompts]
     gens = {name: SpeculativeGenerator(target, draft, tree, tokenizer=tok) for name, tree in cfg.configs.items()}
-    if cfg.compile:  # beside each configuration, the same with its verify forward and draft loop compiled
-        gens.update({f"{name}+compiled": SpeculativeGenerator(target, draft, tree, tokenizer=tok, compile=True)
+    compiled = compile_options(cfg.compile)
+    if compiled is not None:  # beside each configuration, the same with its verify forward and draft loop compiled
+        gens.update({f"{name}+compiled": SpeculativeGenerator(target, draft, tree, tokenizer=tok, compile=compiled)
                      for name, tree in cfg.configs.items()})
     for gen in gens.values():  # every call of the run, checked before the first one runs
         for bs in cfg.batch_sizes:
             for start in range(0, len(prompts), bs):
                 gen.check_inputs(prompts[start:start + bs], max_new_tokens=cfg.max_new_tokens)
+    first = next(iter(gens.values()))
+    first.check_capture()  # a mismatched pair stops here, before any method (a peer included) is measured
+    for gen in gens.values():
+        gen.capture_check = first.capture_check
     report: Dict[str, Any] = {"target": target_dir, "draft": draft_dir, "prompts": len(prompts),
                               "dtype": str(target.dtype).removeprefix("torch."),
                               "draft_dtype": str(draft.fc.weight.dtype).removeprefix("torch."),
@@ -150,7 +165,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
         for bs in cfg.batch_sizes:
             for temperature in cfg.temperatures:
                 if temperature == 0:
-                    report["runs"].append(_bench_batch(cfg, bs, prompts, target_dir, target, tok, gens, rates,
+                    report["runs"].append(_bench_batch(cfg, bs, prompts, (target_dir, draft_dir, draft), target, tok,
+                                                       gens, rates,
                                                        progress))
                 else:
                     report["runs"].append(_bench_sampled(cfg, bs, float(temperature), prompts, target, tok, gens,
@@ -165,7 +181,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
     return report
 
 
-def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str, target, tok, gens,
+def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], models: tuple, target, tok, gens,
                  rates: MachineRates, progress: bool) -> Dict[str, Any]:
     """Every method at batch size ``bs``: {"batch_size", "results"}."""
     groups = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
@@ -192,7 +208,7 @@ def _bench_batch(cfg: BenchConfig, bs: int, prompts: List[str], target_dir: str,
         rows["hf_prompt_lookup"] = {"method": "hf_prompt_lookup", "tokens_per_s": lookup_tokens / lookup_time,
                                     "speedup": (lookup_tokens / lookup_time) / (base_tokens / base_time),
                                     "acceptance_length": None, "identical": same}
-        rows.update(_peer_rows(cfg, target_dir, target, tok, groups, base_outputs, base_tokens / base_time,
+        rows.update(_peer_rows(cfg, models, target, tok, groups, base_outputs, base_tokens / base_time,
                                left_out, progress))
     for name, gen in gens.items():
         if gen.tree.sampled:  # a sampling configuration: greedy, it would be the plain chain again
@@ -279,25 +295,36 @@ def _config_row(name: str, gen, s: GenerationStats, warm: GenerationStats, base_
             "timed_compile_s": s.compile_time_s}
 
 
-def _peer_rows(cfg: BenchConfig, target_dir: str, target, tok, groups, base_outputs, base_rate: float,
+def _peer_rows(cfg: BenchConfig, models: tuple, target, tok, groups, base_outputs, base_rate: float,
                left_out: Dict[str, str], progress: bool) -> Dict[str, Dict[str, Any]]:
     """The batch-1 baselines of bench_peers that this run asks for and this machine has; why a
     peer is missing goes to ``left_out``."""
-    from . import bench_peers
-
     rows = {}
     if cfg.compiled_baseline:
         row = bench_peers.compiled_baseline_row(target, tok, groups, cfg.max_new_tokens, base_outputs, base_rate)
         row.update(_compare(target, tok, [g[0] for g in groups], row.pop("outputs"), base_outputs))
         rows["hf_static_compile"] = row
-    reason = bench_peers.llama_cpp_reason(target_dir) if cfg.llama_cpp else "not requested"
-    if reason is None:
+    target_dir, draft_dir, draft = models
+    if not cfg.llama_cpp:
+        left_out["llama_cpp"] = "not requested"
+    elif (missing := llama_cpp_build.missing_reason(cfg.llama_cpp_dir)) is None:
+        ids = [tok(g[0]).input_ids for g in groups]
+        try:
+            rows.update(bench_llama_cpp.llama_cpp_rows(
+                llama_cpp_build.find_build(cfg.llama_cpp_dir), target_dir, draft_dir, draft, ids, cfg.max_new_tokens,
+                base_outputs, base_rate, torch.get_num_threads(), bench_llama_cpp.source_gguf(cfg.target, target_dir),
+                progress=progress))
+        except llama_cpp_build.ConversionError as e:  # a target llama.cpp does not take: the rows are left out
+            left_out["llama_cpp"] = str(e)
+            if progress:
+                print(f"llama.cpp rows left out: {e}", file=sys.stderr, flush=True)
+    elif (fallback := bench_peers.llama_cpp_reason(target_dir)) is None:  # plain decoding by llama-cpp-python
         rows["llama_cpp"] = bench_peers.llama_cpp_row(target_dir, target, tok, groups, cfg.max_new_tokens,
                                                       base_outputs, base_rate)
     else:
-        left_out["llama_cpp"] = reason
-        if progress and cfg.llama_cpp:
-            print(f"llama.cpp row left out: {reason}", file=sys.stderr, flush=True)
+        left_out["llama_cpp"] = f"{missing}; and for llama-cpp-python's plain decoding: {fallback}"
+        if progress:
+            print(f"llama.cpp rows left out: {left_out['llama_cpp']}", file=sys.stderr, flush=True)
     for row in rows.values():
         if progress:
             print(f"batch 1 {row['method']}: {row['tokens_per_s']:.1f} tokens/s, speedup {row['speedup']:.2f}x, "

@@ -13,6 +13,8 @@ from typing import Dict, List, Sequence
 import torch
 from torch import nn
 
+from ..errors import BadInputError
+
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layer list of a Hugging Face causal LM, or a clear error."""
@@ -29,7 +31,7 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     for layers in candidates:
         if isinstance(layers, nn.ModuleList) and len(layers) > 0:
             return layers
-    raise ValueError(
+    raise BadInputError(
         f"unsupported architecture {type(model).__name__}: eagle3_ext captures aux hidden states with hooks on "
         "the decoder layers at model.model.layers (or get_decoder().layers), and this model has no such list")
 
@@ -46,8 +48,8 @@ class AuxHiddenCapture:
         num_layers = len(self.layers)
         bad = [i for i in aux_layer_ids if not 0 <= int(i) <= num_layers]
         if bad:
-            raise ValueError(f"aux layer ids {list(aux_layer_ids)} include {bad}, outside [0, {num_layers}] for "
-                             f"a target with {num_layers} decoder layers")
+            raise BadInputError(f"aux layer ids {list(aux_layer_ids)} include {bad}, outside [0, {num_layers}] for "
+                                f"a target with {num_layers} decoder layers")
         self.ids = [int(i) for i in aux_layer_ids]
         self.num_layers = num_layers
         self._states: Dict[int, torch.Tensor] = {}

@@ -1,12 +1,12 @@
-"""The draft's side of a round as compiled graphs (``compile=True``).
+"""The draft's side of a round as compiled graphs (``compile=True`` or a ``CompileOptions``).
 
 A draft step of a small head is a handful of GEMVs and some twenty small ops; in eager mode the
 ops' dispatch costs as much as the arithmetic. Compiled, a round's whole draft side is one graph
 per (batch size, pairs size, tree shape, sampling, cache capacity): ``extend`` (committing the
 last round's accepted pairs) and the depth - 1 step loop after it (forward, top-k or sampled
 draw, frontier expansion, the gathers that feed the next step). No Python runs per step, nothing
-syncs with the host, and a round makes one call: a compiled call costs 0.2-0.35 ms of its own on
-a 2-core CPU (Dynamo's cache lookup, the wrapper's inputs), about a draft step's arithmetic.
+syncs with the host, and a round makes one call: a compiled call has a cost of its own
+(Dynamo's cache lookup, the wrapper's inputs), comparable to a small draft step's arithmetic.
 The pairs are padded to one of two sizes: padding pairs come after the real ones, so the causal
 mask hides them from the real ones, and ``keep`` commits only the real ones. The first round
 (the prompt's pairs) extends eagerly, then runs the step loop's own graph. The draft cache's
@@ -23,6 +23,7 @@ from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
 from ..tree import DraftStep
 from .buffer_pool import BufferPool
+from .compile_options import CompileOptions
 from .compiled_verify import ShapeClock, round_capacity
 from .config import TreeConfig
 from .drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend_and_steps, extend_eager
@@ -54,11 +55,12 @@ def pad_pairs(inputs: DraftInputs, size: int) -> DraftInputs:
 
 
 class CompiledDraft(ShapeClock):
-    """``extend_and_steps`` and ``draft_steps`` compiled once per shape (module docstring); ``pool``: the
-    generator's kept buffers, which hold the draft cache (``new_cache``)."""
+    """``extend_and_steps`` and ``draft_steps`` compiled once per shape (module docstring) with
+    ``options``; ``pool``: the generator's kept buffers, which hold the draft cache
+    (``new_cache``)."""
 
-    def __init__(self, device: torch.device, pool: Optional[BufferPool] = None):
-        super().__init__(device)
+    def __init__(self, device: torch.device, options: CompileOptions, pool: Optional[BufferPool] = None):
+        super().__init__(device, options)
         self.pool = pool if pool is not None else BufferPool()
         self._round = torch.compile(extend_and_steps, dynamic=False)
         self._steps = torch.compile(draft_steps, dynamic=False)

@@ -1,23 +1,27 @@
-"""``compile=True``: a generator's compiled graphs, the target's verify forward
-(``compiled_verify``) and the draft's side of a round (``compiled_draft``), built and used
-together."""
+"""``compile=True`` or a ``CompileOptions``: a generator's compiled graphs, the target's verify
+forward (``compiled_verify``) and the draft's side of a round (``compiled_draft``), built and
+used together."""
 
 from __future__ import annotations
 
 from .buffer_pool import BufferPool
+from .compile_options import CompileOptions
 from .compiled_draft import CompiledDraft
 from .compiled_verify import CompiledVerify, cuda_graphs
 
 
 class CompiledRound:
     """The verify graph (``verify``) and the draft's graphs (``draft``) of one generator, and the
-    buffers that hold both caches from one call to the next (``pool``)."""
+    buffers that hold both caches from one call to the next (``pool``). ``options``: the
+    options given with the environment's overrides applied (CompileOptions.with_environment),
+    read here, once."""
 
-    def __init__(self, target):
+    def __init__(self, target, options: CompileOptions):
         device = target.get_input_embeddings().weight.device
-        self.pool = BufferPool(static=cuda_graphs(device))
-        self.verify = CompiledVerify(target, self.pool)
-        self.draft = CompiledDraft(device, self.pool)
+        self.options = options.with_environment()
+        self.pool = BufferPool(static=cuda_graphs(device, self.options))
+        self.verify = CompiledVerify(target, self.pool, self.options)
+        self.draft = CompiledDraft(device, self.options, self.pool)
 
     @property
     def compile_s(self) -> float:

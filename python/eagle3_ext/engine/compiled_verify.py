@@ -1,7 +1,8 @@
-"""The verify forward as one compiled graph over a static KV cache (``compile=True``).
+"""The verify forward as one compiled graph over a static KV cache (``compile=True`` or a
+``CompileOptions``, engine/compile_options.py).
 
-Eager Hugging Face forwards spend most of a small model's time outside the arithmetic (a decode
-step of the bundled target costs 5-7x its weight-read time on a 2-core CPU). Compiling the whole
+Eager Hugging Face forwards spend most of a small model's time outside the arithmetic: a decode
+step of a small target costs several times its weight-read time on CPU. Compiling the whole
 tree forward with ``torch.compile`` fuses the norms, RoPE, activations and residual adds around
 the GEMMs and the library's tree-attention op (which has a fake kernel, so it sits inside the
 graph).
@@ -15,27 +16,27 @@ size it passes through. The aux-state capture hooks, attached around each call a
 are traced into the graph. Prefill and KV compaction stay eager.
 
 On CPU the graphs are built with the weights frozen into them, linears of one input
-concatenated, their GEMMs autotuned and a C++ wrapper (``inductor_settings``): Inductor's C++
-GEMM template, which packs a frozen weight once, runs a 6-16 row float32 GEMM about twice as fast
-as ATen's on a 2-core AVX2 machine, and launching a graph's kernels from C++ took 10-15% off the
-draft's part of a round on a 2-core AVX-512 machine (a draft step's kernels are small enough for
-Python's per-kernel launch cost to show). Frozen weights are constants: a compiled generator
-does not see later in-place changes to its models' weights (build a new generator after changing
-them).
+concatenated, their GEMMs autotuned and a C++ wrapper (``inductor_settings``; ``autotune`` and
+``cpp_wrapper`` of CompileOptions): Inductor's C++
+GEMM template packs a frozen weight once, which pays for the GEMMs of a few rows a tree makes,
+and launching a graph's kernels from C++ saves Python's per-kernel launch cost, which shows on a
+draft step's small kernels (docs/perf_notes.md has the measurements). Frozen weights are
+constants: a compiled generator does not see later in-place changes to its models' weights
+(build a new generator after changing them).
 
 A half-precision target's projections (a tree's 1-16 rows) run through the library's streaming
 kernel instead (``StreamedLinears``, traced into the graph), as the draft's do: the graph is then
-as fast (alternating runs on a 2-core AVX512-BF16 CPU, bf16 chain 5: verify 4.4-5.0 ms a round
-against 5.1-5.2) and holds no oneDNN-packed weight, which Inductor's on-disk cache cannot store:
-a second process loads the verify graph instead of compiling it (the bundled pair's compile
-time 16 s instead of 46 s). A float32 target keeps the packed GEMMs (the streaming kernel made
-its verify 15-25% slower there); its verify is built ahead of time instead, as an AOTInductor
-package on disk that stores the packed weights (engine/packaged_verify.py): a later process with
-the same weights, shapes and settings loads it (the bundled pair's verify 0.1 s instead of
-36 s). A forward ``torch.export`` cannot trace is compiled with ``torch.compile``, with a warning.
+at least as fast and holds no oneDNN-packed weight, which Inductor's on-disk cache cannot store:
+a second process loads the verify graph instead of compiling it. A float32 target keeps the
+packed GEMMs (the streaming kernel made its verify slower there); its verify is built ahead of
+time instead (CompileOptions'
+``packages``), as an AOTInductor package on disk that stores the packed weights
+(engine/packaged_verify.py): a later process with
+the same weights, shapes and settings loads it instead of compiling it again. A forward
+``torch.export`` cannot trace is compiled with ``torch.compile``, with a warning.
 
 On CUDA the graphs run as CUDA graphs (Inductor's ``triton.cudagraphs``, what
-``mode="reduce-overhead"`` turns on; ``EAGLE3_COMPILE_CUDA_GRAPHS=0`` turns it off): a round's
+``mode="reduce-overhead"`` turns on; CompileOptions' ``cuda_graphs=False`` turns it off): a round's
 kernels are replayed from a recording rather than launched one by one. A recording replays on the
 addresses it was made with, so the caches are a generator's kept buffers, the same from one call
 to the next (engine/buffer_pool.py), marked as static addresses, and every output of a graph is
@@ -45,7 +46,6 @@ copied out before the next graph can overwrite it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import warnings
 from typing import Dict, List, Tuple
@@ -54,6 +54,7 @@ import torch
 
 from ..draft.few_rows import StreamedLinears
 from .buffer_pool import BufferPool
+from .compile_options import CompileOptions
 from .half_gemm import HALF
 from .packaged_verify import NoPackage, PackagedVerify
 
@@ -83,39 +84,30 @@ def node_buckets(num_draft_tokens: int, lookup_tokens: int) -> List[int]:
     return sorted({low, (low + num_draft_tokens + 1) // 2, num_draft_tokens})
 
 
-def _env_switch(name: str) -> bool:
-    """An on/off environment setting of the compiled graphs (default on)."""
-    value = os.environ.get(name, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-def cuda_graphs(device: torch.device) -> bool:
+def cuda_graphs(device: torch.device, options: CompileOptions) -> bool:
     """Whether the compiled graphs on ``device`` run as CUDA graphs (module docstring)."""
-    return device.type == "cuda" and _env_switch("EAGLE3_COMPILE_CUDA_GRAPHS")
+    return device.type == "cuda" and options.cuda_graphs
 
 
-def inductor_settings(device: torch.device) -> Dict[str, object]:
+def inductor_settings(device: torch.device, options: CompileOptions) -> Dict[str, object]:
     """Inductor settings of the compiled graphs on ``device`` (module docstring). Freezing needs
-    the calls to run without autograd, as generation does. ``EAGLE3_COMPILE_AUTOTUNE=0`` keeps
-    ATen's GEMMs (no autotuning: compiles several times faster, graphs slower);
-    ``EAGLE3_COMPILE_CPP_WRAPPER=0`` keeps Inductor's Python wrapper (compiles faster, calls
-    slower). On CUDA: CUDA graphs (``cuda_graphs``), otherwise Inductor's defaults."""
+    the calls to run without autograd, as generation does. ``autotune=False`` keeps ATen's GEMMs
+    (no autotuning: compiles several times faster, graphs slower); ``cpp_wrapper=False`` keeps
+    Inductor's Python wrapper (compiles faster, calls slower). On CUDA: CUDA graphs
+    (``cuda_graphs``), otherwise Inductor's defaults."""
     if device.type == "cuda":
-        return {"triton.cudagraphs": True} if cuda_graphs(device) else {}
+        return {"triton.cudagraphs": True} if cuda_graphs(device, options) else {}
     if device.type != "cpu":
         return {}
     # Linears that read the same input (a float32 target's q, k and v; gate and up) become one
-    # GEMM over weights concatenated at freezing: fewer, wider GEMMs (alternating runs on a
-    # 2-core AVX-512 CPU, bundled pair in fp32, chain 5: verify 3.2 ms a round against 3.5).
+    # GEMM over weights concatenated at freezing: fewer, wider GEMMs, a faster verify in
+    # alternating runs (docs/perf_notes.md).
     settings: Dict[str, object] = {"freezing": True, "cpp.enable_concat_linear": True}
-    autotune, cpp_wrapper = _env_switch("EAGLE3_COMPILE_AUTOTUNE"), _env_switch("EAGLE3_COMPILE_CPP_WRAPPER")
-    if autotune:
+    if options.autotune:
         # (the two last keep Inductor's autotuning reports off stderr)
         settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", autotune_num_choices_displayed=0,
                         max_autotune_report_choices_stats=False)
-    if cpp_wrapper:
+    if options.cpp_wrapper:
         # A graph's kernels launched from C++ rather than from Python: a draft step or a verify
         # forward runs some 20-60 small kernels, and Python's launch cost per kernel is a
         # measurable part of a step on a small model.
@@ -124,22 +116,22 @@ def inductor_settings(device: torch.device) -> Dict[str, object]:
 
 
 class ShapeClock:
-    """Runs compiled functions (with ``inductor_settings`` for ``device``) and times the calls
-    that compiled: ``compile_s`` is the time the first call of each key took.
+    """Runs compiled functions (with ``inductor_settings`` for ``device`` and ``options``) and
+    times the calls that compiled: ``compile_s`` is the time the first call of each key took.
 
     A key names everything Dynamo's guards check on a call of that function through this
     clock (shapes, the tree, the sampling settings; the models are this clock's own). Its
     first call evaluates every guard and compiles if need be; a later call of a key already
     run evaluates only the guards that tell the function's graphs apart (Dynamo's
-    ``skip_guard_eval_unsafe``): the full set costs 0.3-0.6 ms a call on a 2-core CPU, a
+    ``skip_guard_eval_unsafe``): the full set costs a sizeable fraction of a millisecond, a
     few percent of a round, and a round makes two calls (the draft side, the verify)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, options: CompileOptions):
         device = torch.device(device)
         self._keys = set()
-        self._settings = inductor_settings(device)
+        self._settings = inductor_settings(device, options)
         # A CUDA graph's outputs live in memory that the next graph to run may reuse.
-        self._copy_outputs = cuda_graphs(device)
+        self._copy_outputs = cuda_graphs(device, options)
         self.compile_s = 0.0
 
     def call(self, key, fn, *args):
@@ -180,23 +172,24 @@ def _copied(out):
     return out
 
 
-def packaged(weight: torch.Tensor) -> bool:
+def packaged(weight: torch.Tensor, options: CompileOptions) -> bool:
     """Whether a target with this embedding weight runs its verify as AOTInductor packages
-    (engine/packaged_verify.py): float32 on CPU, unless ``EAGLE3_COMPILE_PACKAGES=0``."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and _env_switch("EAGLE3_COMPILE_PACKAGES")
+    (engine/packaged_verify.py): float32 on CPU, with ``options.packages``."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and options.packages
 
 
 class CompiledVerify(ShapeClock):
     """The target's tree forward, compiled once per shape: a graph of ``torch.compile``, or for a
     float32 target on CPU an AOTInductor package stored on disk (``packaged``)."""
 
-    def __init__(self, model, pool: BufferPool):
+    def __init__(self, model, pool: BufferPool, options: CompileOptions):
         weight = model.get_input_embeddings().weight
-        super().__init__(weight.device)
+        super().__init__(weight.device, options)
         self.model = model
         self.pool = pool
         self._fn = torch.compile(self._tree_forward, dynamic=False)
-        self.packages = PackagedVerify(model, self._settings) if packaged(weight) else None
+        self.packages = (PackagedVerify(model, self._settings, options.package_dir) if packaged(weight, options)
+                         else None)
 
     def _tree_forward(self, cache, input_ids, position_ids, tree_mask, cache_lens, tree_start):
         with StreamedLinears(HALF):  # (module docstring)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import BadInputError, BadInputTypeError
 from ..validation import integer, number
 
 
@@ -30,7 +31,7 @@ class TreeConfig:
     """
 
     # The defaults are the fastest lossless setting measured on the bundled pair on 2 CPU cores
-    # (fp32, batch 1, eval prompts and held-out code; see docs/bundled_models.md).
+    # (fp32, batch 1, eval prompts and held-out code; see docs/perf_notes.md).
     depth: int = 5
     topk: int = 2
     num_draft_tokens: int = 16
@@ -40,7 +41,7 @@ class TreeConfig:
 
     # When sampling, `eagle3 generate` without tree options drafts a sampled chain of this depth:
     # the fastest of chain 4 / 6 / 8 and the greedy default at T = 0.7 and 1.0 on the bundled
-    # pair (docs/bundled_models.md).
+    # pair (docs/perf_notes.md).
     SAMPLED_DEPTH = 6
 
     # A draft step is one draft forward, so depth bounds a round's cost; 1024 nodes is what the
@@ -60,15 +61,15 @@ class TreeConfig:
         try:
             integer("TreeConfig.num_draft_tokens", self.num_draft_tokens, 2, most)
         except ValueError as e:
-            raise ValueError(f"{e}: the root and the drafted candidates, at most 1 + topk + (depth - 1) * topk^2 "
-                             f"(+ lookup_tokens) for depth={self.depth}, topk={self.topk}, and never more than "
-                             f"{self.MAX_NODES}") from None
+            raise BadInputError(f"{e}: the root and the drafted candidates, at most 1 + topk + (depth - 1) * topk^2 "
+                                f"(+ lookup_tokens) for depth={self.depth}, topk={self.topk}, and never more than "
+                                f"{self.MAX_NODES}") from None
         if not isinstance(self.sampled, bool):
-            raise TypeError(f"TreeConfig.sampled must be a bool, got {self.sampled!r}")
+            raise BadInputTypeError(f"TreeConfig.sampled must be a bool, got {self.sampled!r}")
         if self.sampled and (self.topk != 1 or self.lookup_tokens or self.num_draft_tokens != self.depth + 1):
-            raise ValueError(f"TreeConfig.sampled needs a chain without lookup (topk 1, lookup_tokens 0, "
-                             f"num_draft_tokens depth + 1), got depth={self.depth}, topk={self.topk}, "
-                             f"num_draft_tokens={self.num_draft_tokens}, lookup_tokens={self.lookup_tokens}")
+            raise BadInputError(f"TreeConfig.sampled needs a chain without lookup (topk 1, lookup_tokens 0, "
+                                f"num_draft_tokens depth + 1), got depth={self.depth}, topk={self.topk}, "
+                                f"num_draft_tokens={self.num_draft_tokens}, lookup_tokens={self.lookup_tokens}")
 
     @property
     def draft_candidates(self) -> int:

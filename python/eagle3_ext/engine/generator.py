@@ -11,7 +11,6 @@ distribution.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -22,9 +21,11 @@ import torch
 from ..distributed import tp
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import describe_fix
+from ..errors import BadInputError
 from .architecture import check_served
 from .batch import Batch
 from .capture import AuxHiddenCapture
+from .compile_options import CompileOptions, compile_options
 from .compiled_draft import draft_capacity
 from .compiled_round import CompiledRound
 from .config import TreeConfig
@@ -37,7 +38,7 @@ from .stats import GenerationStats
 logger = logging.getLogger(__name__)
 
 
-class CaptureMismatchError(ValueError):
+class CaptureMismatchError(BadInputError):
     """The captured target states do not match the draft's activation fingerprint."""
 
 
@@ -70,11 +71,14 @@ class SpeculativeGenerator:
             "eagle3_tree" attention implementation); "sdpa" keeps the model's own attention and
             passes a 4D mask.
         check_ranks: under tensor parallelism, verify after each call that every rank produced the
-            same tokens (an all-gather; default: the EAGLE3_CHECK_RANKS environment variable).
-        compile: run the verify forward as one ``torch.compile`` graph over a static KV cache
-            (engine/compiled_verify.py): faster rounds after a one-off compilation per batch size
-            and cache capacity (reported in the stats as ``compile_time_s``). Tree attention only,
-            one process (not under tensor parallelism).
+            same tokens (an all-gather; default False).
+        compile: run the verify forward and the draft's side of a round as ``torch.compile``
+            graphs over static caches (engine/compiled_verify.py, engine/compiled_draft.py):
+            faster rounds after a one-off compilation per batch size and cache capacity (reported
+            in the stats as ``compile_time_s``). True compiles with ``CompileOptions()``; a
+            ``CompileOptions`` chooses how (autotuning, C++ wrapper, CUDA graphs, AOTInductor
+            packages and their folder); False or None (the default False) compiles nothing. Tree
+            attention only, one process (not under tensor parallelism).
         strict: the capture guard. When the draft carries an activation fingerprint, the first
             ``generate`` runs the fingerprint's probe through the target and compares the
             captured states with it before any draft step; a mismatch (a capture of other layers
@@ -86,8 +90,8 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, target, draft: Eagle3DraftModel, tree: TreeConfig = TreeConfig(), tokenizer=None,
-                 attention: str = "tree", check_ranks: Optional[bool] = None, strict: bool = True,
-                 compile: bool = False):
+                 attention: str = "tree", check_ranks: bool = False, strict: bool = True,
+                 compile: Union[bool, None, CompileOptions] = False):
         if not (hasattr(target, "config") and callable(getattr(target, "get_input_embeddings", None))):
             raise TypeError(f"target must be a transformers causal LM (from AutoModelForCausalLM), got "
                             f"{type(target).__name__}; SpeculativeGenerator.from_pretrained also takes a directory")
@@ -102,12 +106,14 @@ class SpeculativeGenerator:
             raise TypeError(f"tree must be a TreeConfig, got {type(tree).__name__}")
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be True or False, got {strict!r}")
-        if not isinstance(compile, bool):
-            raise TypeError(f"compile must be True or False, got {compile!r}")
-        if compile and attention != "tree":
-            raise ValueError("compile=True needs attention='tree' (the compiled graph runs eagle3.tree_attention)")
-        if compile and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise ValueError("compile=True is not supported under tensor parallelism yet; run without it")
+        if not isinstance(check_ranks, bool):
+            raise TypeError(f"check_ranks must be True or False, got {check_ranks!r}")
+        options = compile_options(compile)
+        if options is not None and attention != "tree":
+            raise ValueError(f"compile={compile!r} needs attention='tree' (the compiled graph runs "
+                             "eagle3.tree_attention)")
+        if options is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise ValueError(f"compile={compile!r} is not supported under tensor parallelism yet; run without it")
         check_served(target.config)
         self.target = target
         self.draft = draft.eval()
@@ -121,24 +127,27 @@ class SpeculativeGenerator:
         self.capture = AuxHiddenCapture(target, draft.aux_layer_ids)
         self.use_tree_attention = attention == "tree"
         self.max_positions = int(getattr(target.config, "max_position_embeddings", 1 << 30))
-        self.check_ranks = (os.environ.get("EAGLE3_CHECK_RANKS", "0") == "1") if check_ranks is None else check_ranks
+        self.check_ranks = check_ranks
         self.strict = strict
         self.capture_check: Optional[fingerprint.CaptureCheck] = None  # the guard's result, once it ran
-        self.compiled = CompiledRound(target) if compile else None
+        self.compiled = CompiledRound(target, options) if options is not None else None
         self._warned_draft_context = False
 
     @classmethod
     def from_pretrained(cls, target, draft, *, tokenizer=None, dtype: Union[None, str, torch.dtype] = None,
                         draft_dtype: Union[None, str, torch.dtype] = None, device: Union[None, str, torch.device] = None,
                         tree: Optional[TreeConfig] = None, attention: str = "tree", strict: bool = True,
-                        check_ranks: Optional[bool] = None, compile: bool = False) -> "SpeculativeGenerator":
+                        check_ranks: bool = False,
+                        compile: Union[bool, None, CompileOptions] = False) -> "SpeculativeGenerator":
         """A generator from a target and a draft, each a directory or an already loaded model.
 
         ``dtype`` / ``draft_dtype``: the target's and the draft's dtype (a torch.dtype or its
         name; default: the target as transformers loads it, the draft as saved); ``device``: where
-        both run; ``tokenizer``: default, the target directory's; ``tree``: default TreeConfig().
+        both run; ``tokenizer``: default, the target directory's; ``tree``: default TreeConfig();
+        ``attention``, ``strict``, ``check_ranks``, ``compile``: as for the constructor.
         """
         from .loading import load_pair_for_generation
+        compile_options(compile)  # a bad value fails before the models load
         target_model, draft_model, tok = load_pair_for_generation(target, draft, tokenizer, dtype, draft_dtype, device)
         return cls(target_model, draft_model, tree or TreeConfig(), tokenizer=tok, attention=attention,
                    check_ranks=check_ranks, strict=strict, compile=compile)
@@ -179,7 +188,7 @@ class SpeculativeGenerator:
         compiled_before = self._compile_s()
         with self._session(), (self.compiled.pool.lease() if self.compiled is not None else nullcontext()):
             guard_s = self._guard_capture()
-            batch = Batch(self, prompts.ids, settings, rng)
+            batch = Batch(self, prompts.ids, settings, rng, prompts.echo)
             batch.prefill()
             while not batch.done:
                 batch.round()
@@ -226,20 +235,20 @@ class SpeculativeGenerator:
         vocab = self.target.config.vocab_size
         for b, p in enumerate(ids):
             if not p:
-                raise ValueError(f"prompt {b} is empty; give at least one token")
+                raise BadInputError(f"prompt {b} is empty; give at least one token")
             if max(p) >= vocab or min(p) < 0:
-                raise ValueError(f"prompt {b} has token ids outside the target vocabulary [0, {vocab})")
+                raise BadInputError(f"prompt {b} has token ids outside the target vocabulary [0, {vocab})")
             if len(p) >= self.max_positions:
-                raise ValueError(f"prompt {b} has {len(p)} tokens, longer than the target's context "
-                                 f"({self.max_positions} positions)")
+                raise BadInputError(f"prompt {b} has {len(p)} tokens, longer than the target's context "
+                                    f"({self.max_positions} positions)")
             new = settings.new_tokens_for(len(p))
             if new < 1:
-                raise ValueError(f"prompt {b} has {len(p)} tokens, which leaves no room under max_length="
-                                 f"{settings.max_length}; pass max_new_tokens")
+                raise BadInputError(f"prompt {b} has {len(p)} tokens, which leaves no room under max_length="
+                                    f"{settings.max_length}; pass max_new_tokens")
             if len(p) + new > self.max_positions:
-                raise ValueError(f"prompt {b} has {len(p)} tokens and max_new_tokens is {new}: {len(p) + new} "
-                                 f"positions, beyond the target's context ({self.max_positions}, its "
-                                 f"max_position_embeddings); lower max_new_tokens to {self.max_positions - len(p)}")
+                raise BadInputError(f"prompt {b} has {len(p)} tokens and max_new_tokens is {new}: {len(p) + new} "
+                                    f"positions, beyond the target's context ({self.max_positions}, its "
+                                    f"max_position_embeddings); lower max_new_tokens to {self.max_positions - len(p)}")
         longest = max(len(p) + settings.new_tokens_for(len(p)) for p in ids)
         draft_context = self.draft.config.max_position_embeddings
         if longest > draft_context and not self._warned_draft_context:
@@ -284,6 +293,13 @@ class SpeculativeGenerator:
     def attention_path(self) -> str:
         """Which attention verifies: "tree" (eagle3.tree_attention) or "sdpa" (the model's own)."""
         return "tree" if self.use_tree_attention else "sdpa"
+
+    def check_capture(self) -> "fingerprint.CaptureCheck":
+        """Runs the capture guard now rather than at the first ``generate`` (see ``strict``): a
+        draft told other layers than it was trained on fails here. None for a draft without an
+        activation fingerprint."""
+        self._guard_capture()
+        return self.capture_check
 
     def _guard_capture(self) -> float:
         """The capture guard (see ``strict``); returns the seconds it took (0 after the first call)."""

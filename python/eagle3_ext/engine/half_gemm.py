@@ -2,9 +2,8 @@
 GEMMs.
 
 On a CPU without AVX512-BF16 / AMX (AVX512-FP16 for float16), ATen multiplies bfloat16 matrices
-through a slow fallback: on a 2-core AVX2 machine a 150 x 384 by 384 x 1024 product took 8.7 ms
-in bfloat16 and 1.5 ms converted to float32 and back, and the bundled target's 150-token prefill
-250 ms in bfloat16 against 48 ms in float32. Inside ``float32_gemms``, ``F.linear`` with
+through a slow fallback, several times slower than converting the operands to float32,
+multiplying and rounding back (docs/perf_notes.md has the measurements). Inside ``float32_gemms``, ``F.linear`` with
 half-precision operands and at least ``MIN_ROWS`` rows converts them to float32, multiplies and
 rounds the product back once: what ATen's half-precision GEMM computes (float32 accumulation, one
 rounding), in another summation order. The generator uses it where many rows meet the weights in

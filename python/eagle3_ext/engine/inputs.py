@@ -20,6 +20,8 @@ from typing import Any, List, Optional
 
 import torch
 
+from ..errors import BadInputError, BadInputTypeError
+
 
 @dataclass
 class Prompts:
@@ -33,7 +35,7 @@ def _is_message(x: Any) -> bool:
 
 def _render_chat(conversation: List[dict], tokenizer) -> List[int]:
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("chat messages need a tokenizer with a chat template")
+        raise BadInputError("chat messages need a tokenizer with a chat template")
     rendered = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
     if not isinstance(rendered, list):  # transformers 5 may return a BatchEncoding
         rendered = rendered["input_ids"]
@@ -50,14 +52,14 @@ def chat_prompt(text: str, tokenizer) -> str:
     """``text`` as one user turn rendered with the tokenizer's chat template and a generation
     prompt: what an instruct target is asked in a chat."""
     if tokenizer is None or getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("chat prompts need a tokenizer with a chat template")
+        raise BadInputError("chat prompts need a tokenizer with a chat template")
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                          tokenize=False)
 
 
 def _encode(text: str, tokenizer) -> List[int]:
     if tokenizer is None:
-        raise ValueError("string prompts need a tokenizer: pass tokenizer= or build the generator with one")
+        raise BadInputError("string prompts need a tokenizer: pass tokenizer= or build the generator with one")
     bos = getattr(tokenizer, "bos_token", None)
     # A prompt rendered with a chat template already starts with the BOS text.
     add_special = not (bos and text.startswith(bos))
@@ -79,21 +81,21 @@ def prepare(input_ids: Any, attention_mask: Optional[torch.Tensor], tokenizer, p
             ids = ids[None]
             attention_mask = None if attention_mask is None else attention_mask.view(1, -1)
         if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"input_ids must be an int64 or int32 tensor of token ids, got {ids.dtype}")
+            raise BadInputTypeError(f"input_ids must be an int64 or int32 tensor of token ids, got {ids.dtype}")
         if ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, L] or [L], got shape {list(input_ids.shape)}")
+            raise BadInputError(f"input_ids must be [B, L] or [L], got shape {list(input_ids.shape)}")
         if attention_mask is None:
             attention_mask = _mask_from_padding(ids, pad_token_id, eos_token_ids)
         if not isinstance(attention_mask, torch.Tensor):
-            raise TypeError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
+            raise BadInputTypeError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
         if attention_mask.shape != ids.shape:
-            raise ValueError(f"attention_mask must be a tensor of input_ids' shape {list(ids.shape)}, got "
-                             f"{getattr(attention_mask, 'shape', attention_mask)!r}")
+            raise BadInputError(f"attention_mask must be a tensor of input_ids' shape {list(ids.shape)}, got "
+                                f"{getattr(attention_mask, 'shape', attention_mask)!r}")
         mask = attention_mask.to(ids.device).bool()
         return Prompts([row[m].tolist() for row, m in zip(ids, mask)], ids.long())
     if attention_mask is not None:
-        raise ValueError("attention_mask goes with an input_ids tensor; strings, messages and token lists bring "
-                         "their own lengths")
+        raise BadInputError("attention_mask goes with an input_ids tensor; strings, messages and token lists bring "
+                            "their own lengths")
     if isinstance(input_ids, str):
         rows = [_encode(input_ids, tokenizer)]
     elif isinstance(input_ids, (list, tuple)) and input_ids and all(_is_message(m) for m in input_ids):
@@ -110,11 +112,11 @@ def prepare(input_ids: Any, attention_mask: Optional[torch.Tensor], tokenizer, p
             elif isinstance(p, torch.Tensor) and p.dim() == 1:
                 rows.append(p.tolist())
             else:
-                raise TypeError(f"prompt {len(rows)}: expected a string, a list of token ids or chat messages, "
-                                f"got {type(p).__name__}")
+                raise BadInputTypeError(f"prompt {len(rows)}: expected a string, a list of token ids or chat messages, "
+                                        f"got {type(p).__name__}")
     else:
-        raise TypeError("input_ids must be a tensor [B, L], a string, a non-empty list of strings / token-id lists, "
-                         f"or chat messages; got {type(input_ids).__name__}")
+        raise BadInputTypeError("input_ids must be a tensor [B, L], a string, a non-empty list of strings / token-id "
+                                f"lists, or chat messages; got {type(input_ids).__name__}")
     longest = max(len(r) for r in rows)
     echo = torch.full((len(rows), longest), pad_token_id, dtype=torch.long)
     for b, r in enumerate(rows):

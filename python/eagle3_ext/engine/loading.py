@@ -11,6 +11,7 @@ import torch
 
 from ..draft.checkpoint import read_config
 from ..dtypes import DTYPES, check_dtype_name, dtype_name
+from ..errors import BadInputError, BadInputTypeError
 from ..models.gguf_target import resolve_target
 
 DRAFT_MARKERS = ("eagle3_ext", "eagle_config", "speculators_model_type", "eagle_aux_hidden_state_layer_ids",
@@ -21,7 +22,7 @@ def check_target_dir(path: str) -> None:
     """Raises with the reason when ``path`` is not a target model directory."""
     raw = read_config(path, "target")
     if any(k in raw for k in DRAFT_MARKERS):
-        raise ValueError(f"{path} holds an EAGLE-3 draft, not a target model (swap the target and the draft)")
+        raise BadInputError(f"{path} holds an EAGLE-3 draft, not a target model (swap the target and the draft)")
 
 
 def check_draft_dir(path: str) -> None:
@@ -29,8 +30,8 @@ def check_draft_dir(path: str) -> None:
     raw = read_config(path, "draft")
     if not any(k in raw for k in DRAFT_MARKERS) and "architectures" in raw and \
             not any("Eagle" in a for a in raw.get("architectures") or []):
-        raise ValueError(f"{path} holds a {', '.join(raw['architectures'])} model, not an EAGLE-3 draft (is it the "
-                         "target? swap the target and the draft)")
+        raise BadInputError(f"{path} holds a {', '.join(raw['architectures'])} model, not an EAGLE-3 draft (is it the "
+                            "target? swap the target and the draft)")
 
 
 def check_device(device: Union[None, str, torch.device]) -> Optional[torch.device]:
@@ -38,15 +39,15 @@ def check_device(device: Union[None, str, torch.device]) -> Optional[torch.devic
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a string or a torch.device, got {type(device).__name__}")
+        raise BadInputTypeError(f"device must be a string or a torch.device, got {type(device).__name__}")
     try:
         device = torch.device(device)
     except RuntimeError as e:
-        raise ValueError(f"device {device!r} is not a device torch knows: {_first_line(e)}") from None
+        raise BadInputError(f"device {device!r} is not a device torch knows: {_first_line(e)}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {str(device)!r}: no CUDA GPU is visible to torch here")
+        raise BadInputError(f"device {str(device)!r}: no CUDA GPU is visible to torch here")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA devices are visible")
+        raise BadInputError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA devices are visible")
     return device
 
 
@@ -63,11 +64,11 @@ def torch_dtype(name: Union[None, str, torch.dtype], what: str) -> Optional[torc
         return None
     if isinstance(name, torch.dtype):
         if name not in DTYPES.values():
-            raise ValueError(f"{what} must be one of {', '.join(DTYPES)} (or its torch.dtype), got {name}")
+            raise BadInputError(f"{what} must be one of {', '.join(DTYPES)} (or its torch.dtype), got {name}")
         return name
     if not isinstance(name, str):
-        raise TypeError(f"{what} must be a dtype name ({', '.join(DTYPES)}) or a torch.dtype, got "
-                        f"{type(name).__name__}")
+        raise BadInputTypeError(f"{what} must be a dtype name ({', '.join(DTYPES)}) or a torch.dtype, got "
+                                f"{type(name).__name__}")
     check_dtype_name(what, name)
     return DTYPES[name]
 
@@ -86,20 +87,20 @@ def load_target(path: str, dtype: Optional[torch.dtype], shard: bool = True):
         return AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {}))
     except ValueError as e:
         if "Unrecognized configuration class" in str(e) or "AutoModelForCausalLM" in str(e):
-            raise ValueError(f"{path} is not a causal language model transformers can load for generation: "
-                             f"{_first_line(e)}") from None
-        raise ValueError(f"target {path} cannot be loaded: {_first_line(e)}") from None
+            raise BadInputError(f"{path} is not a causal language model transformers can load for generation: "
+                                f"{_first_line(e)}") from None
+        raise BadInputError(f"target {path} cannot be loaded: {_first_line(e)}") from None
     except Exception as e:  # noqa: BLE001  (a truncated or corrupt weight file raises many kinds)
-        raise ValueError(f"target {path}: the weights cannot be read (truncated or corrupt?): "
-                         f"{type(e).__name__}: {_first_line(e)}") from None
+        raise BadInputError(f"target {path}: the weights cannot be read (truncated or corrupt?): "
+                            f"{type(e).__name__}: {_first_line(e)}") from None
 
 
 def check_context(target, name: str, length: int) -> None:
     """Raises when ``length`` positions (the argument ``name``) exceed the target's context."""
     context = getattr(target.config, "max_position_embeddings", None)
     if isinstance(context, int) and length > context:
-        raise ValueError(f"{name} {length} is longer than the target's context ({context} positions, "
-                         "max_position_embeddings)")
+        raise BadInputError(f"{name} {length} is longer than the target's context ({context} positions, "
+                            "max_position_embeddings)")
 
 
 def load_tokenizer(path: str):
@@ -110,8 +111,8 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001  (tokenizer files fail in many ways)
-        raise ValueError(f"target {path}: no usable tokenizer (tokenizer.json / tokenizer_config.json): "
-                         f"{type(e).__name__}: {_first_line(e)}") from None
+        raise BadInputError(f"target {path}: no usable tokenizer (tokenizer.json / tokenizer_config.json): "
+                            f"{type(e).__name__}: {_first_line(e)}") from None
 
 
 def _first_line(e: BaseException) -> str:
@@ -137,14 +138,14 @@ def load_pair_for_generation(target: Any, draft: Any, tokenizer: Any = None,
     elif t_dtype is not None:
         target = target.to(t_dtype)
     if not hasattr(target, "get_input_embeddings") or not hasattr(target, "config"):
-        raise TypeError(f"target must be a directory or a transformers causal LM, got {type(target).__name__}")
+        raise BadInputTypeError(f"target must be a directory or a transformers causal LM, got {type(target).__name__}")
     if device is not None:
         target = target.to(device)
     if isinstance(draft, (str, os.PathLike)):
         check_draft_dir(os.fspath(draft))
         draft = Eagle3DraftModel.from_pretrained(os.fspath(draft), target_config=target.config)
     elif not isinstance(draft, Eagle3DraftModel):
-        raise TypeError(f"draft must be a directory or an Eagle3DraftModel, got {type(draft).__name__}")
+        raise BadInputTypeError(f"draft must be a directory or an Eagle3DraftModel, got {type(draft).__name__}")
     if d_dtype is not None:
         draft = draft.to(d_dtype)
     draft = draft.to(target.get_input_embeddings().weight.device)

@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..errors import BadInputError
+
 
 GiB = 1 << 30
 
@@ -93,7 +95,7 @@ def check_fits(generator, batch: int, longest_prompt: int, most_new: int) -> Foo
     if free is not None and need.total > free:
         per_request = need.total / batch
         fits = int(free // per_request)
-        raise ValueError(
+        raise BadInputError(
             f"generate: {batch} prompts of up to {longest_prompt} tokens with max_new_tokens={most_new} need about "
             f"{need.total / GiB:.1f} GiB on {device} (KV caches {(need.target_kv + need.draft_kv) / GiB:.1f} GiB, "
             f"logits {need.logits / GiB:.1f} GiB, activations {need.activations / GiB:.1f} GiB) but "

@@ -2,7 +2,7 @@
 
 Inductor's freezing pass gives a float32 graph's GEMMs oneDNN-packed copies of the weights,
 which its on-disk graph cache cannot store: with ``torch.compile`` every process compiled the
-bundled target's verify graph again (36-37 s on a 2-core CPU). Here the same forward is exported
+bundled target's verify graph again (tens of seconds on a small CPU). Here the same forward is exported
 (``torch.export``) and built ahead of time with the same Inductor settings
 (``aoti_compile_and_package``); the package, packed weights included, is a file that a later
 process loads in a fraction of a second.
@@ -16,8 +16,8 @@ The cache stays the generator's: each layer's ``keys``, ``values`` and ``cumulat
 are inputs of the exported forward, written in place as an eager forward writes them, and the
 captured aux hidden states are outputs (the capture hooks are traced with the forward).
 A target whose forward ``torch.export`` cannot trace (or AOTInductor cannot build) is
-compiled with ``torch.compile`` instead, with a warning. ``EAGLE3_COMPILE_PACKAGES=0`` compiles
-with ``torch.compile`` always; ``EAGLE3_PACKAGE_DIR`` names the folder (default:
+compiled with ``torch.compile`` instead, with a warning. CompileOptions' ``packages=False``
+compiles with ``torch.compile`` always; its ``package_dir`` names the folder (default:
 ``eagle3_verify`` in Inductor's cache folder).
 """
 
@@ -28,7 +28,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -38,10 +38,10 @@ from .capture import AuxHiddenCapture
 _TRACED_SOURCES = ("hf_attention.py", "engine/packaged_verify.py")
 
 
-def package_dir() -> Path:
-    """Where packages are kept (module docstring)."""
-    configured = os.environ.get("EAGLE3_PACKAGE_DIR")
-    if configured:
+def package_dir(configured: Optional[Path] = None) -> Path:
+    """Where packages are kept: ``configured`` (CompileOptions.package_dir), else ``eagle3_verify``
+    in Inductor's cache folder."""
+    if configured is not None:
         return Path(configured)
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
@@ -121,10 +121,12 @@ def cache_inputs(cache) -> Tuple[List[torch.Tensor], List[torch.Tensor], List[to
 class PackagedVerify:
     """The verify forward of ``model`` through AOTInductor packages (module docstring), one per
     shape, built on first use unless one is on disk. ``settings``: Inductor's settings for
-    the build. ``builds``: packages this object built (not loaded)."""
+    the build; ``directory``: where the packages are kept (``package_dir``). ``builds``:
+    packages this object built (not loaded)."""
 
-    def __init__(self, model: nn.Module, settings: Dict[str, object]):
+    def __init__(self, model: nn.Module, settings: Dict[str, object], directory: Optional[Path] = None):
         self.model = model
+        self.directory = package_dir(directory)
         self.settings = {k: v for k, v in settings.items() if k != "cpp_wrapper"}  # (AOTInductor is C++)
         self._weights = weights_digest(model)
         self._config = model.config.to_json_string()
@@ -132,7 +134,7 @@ class PackagedVerify:
         self.builds = 0
 
     def path(self, shapes: Tuple, aux_ids: Sequence[int]) -> Path:
-        return package_dir() / f"verify-{package_key(self._weights, self._config, shapes, aux_ids, self.settings)}.pt2"
+        return self.directory / f"verify-{package_key(self._weights, self._config, shapes, aux_ids, self.settings)}.pt2"
 
     def _runner(self, capture: AuxHiddenCapture, cache, args: Tuple):
         shapes = (tuple(args[0].shape), cache.layers[0].max_cache_len)

@@ -4,10 +4,12 @@ Hugging Face decoding measured in the same run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
+from ..errors import BadInputError
 from ..models import bundled_paths
 from ..models.gguf_target import resolve_target
+from .compile_options import CompileOptions, compile_options
 from .config import SamplingConfig, TreeConfig
 from .inputs import chat_prompt, uses_chat
 
@@ -40,7 +42,8 @@ class GenerateRequest:
     draft_dtype: Optional[str] = None   # None: as the draft was saved
     check_ranks: bool = False
     strict_capture: bool = True         # the capture guard raises (False: warns)
-    compile: bool = False               # the verify forward as one compiled graph
+    compile: Union[bool, None, CompileOptions] = False  # the verify forward and the draft loop compiled
+                                        # (True: CompileOptions(); False / None: not compiled)
     chat: Optional[bool] = None         # the prompt as a user turn of the chat template (None: if the
                                         # tokenizer has one)
 
@@ -55,7 +58,7 @@ class GenerateRequest:
         SamplingConfig(self.temperature, self.top_p, self.top_k)
         integer("seed", self.seed, 0, MAX_SEED)
         choice("attention", self.attention, ("tree", "sdpa"))
-        boolean("compile", self.compile)
+        compile_options(self.compile)
         boolean("sampled_draft", self.sampled_draft)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
@@ -76,16 +79,16 @@ class GenerateRequest:
             depth = TreeConfig.SAMPLED_DEPTH if self.depth is None else self.depth
             if self.topk not in (None, 1) or self.lookup_tokens not in (None, 0) or \
                     self.num_draft_tokens not in (None, depth + 1):
-                raise ValueError(f"--sampled-draft drafts a chain of --depth tokens without lookup (topk 1, "
-                                 f"lookup tokens 0, num_draft_tokens {depth + 1}), got --topk {self.topk}, "
-                                 f"--lookup-tokens {self.lookup_tokens}, --num-draft-tokens {self.num_draft_tokens}")
+                raise BadInputError(f"--sampled-draft drafts a chain of --depth tokens without lookup (topk 1, "
+                                    f"lookup tokens 0, num_draft_tokens {depth + 1}), got --topk {self.topk}, "
+                                    f"--lookup-tokens {self.lookup_tokens}, --num-draft-tokens {self.num_draft_tokens}")
             return TreeConfig.chain(depth, sampled=True)
         if self.chain:
             if self.topk not in (None, 1):
-                raise ValueError(f"--chain drafts with topk 1, got --topk {self.topk}")
+                raise BadInputError(f"--chain drafts with topk 1, got --topk {self.topk}")
             if self.num_draft_tokens not in (None, depth + 1 + lookup):
-                raise ValueError(f"--chain verifies depth + 1 + lookup tokens = {depth + 1 + lookup} tokens, got "
-                                 f"--num-draft-tokens {self.num_draft_tokens}")
+                raise BadInputError(f"--chain verifies depth + 1 + lookup tokens = {depth + 1 + lookup} tokens, got "
+                                    f"--num-draft-tokens {self.num_draft_tokens}")
             return TreeConfig(depth=depth, topk=1, num_draft_tokens=depth + 1 + lookup, lookup_tokens=lookup,
                               lookup_ngram=ngram)
         return TreeConfig(depth=depth, topk=default.topk if self.topk is None else self.topk,
@@ -97,7 +100,7 @@ def resolve_models(target: Optional[str], draft: Optional[str], dtype: str = "fl
     """(target directory, draft directory): the bundled pair when neither is given; a ``.gguf``
     target becomes its converted directory in ``dtype`` (converted on first use)."""
     if (target is None) != (draft is None):
-        raise ValueError("give both --target and --draft, or neither for the bundled pair")
+        raise BadInputError("give both --target and --draft, or neither for the bundled pair")
     if target is None:
         return bundled_paths()
     return resolve_target(target, dtype), draft
@@ -118,7 +121,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
     target_dir, draft_dir = resolve_models(req.target, req.draft, req.dtype)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
     gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
-                               check_ranks=req.check_ranks or None, strict=req.strict_capture, compile=req.compile)
+                               check_ranks=req.check_ranks, strict=req.strict_capture, compile=req.compile)
     chat = uses_chat(req.chat, tokenizer)
     question = req.prompt if req.prompt is not None else DEFAULT_CHAT_PROMPT if chat else DEFAULT_PROMPT
     prompt = chat_prompt(question, tokenizer) if chat else question
@@ -133,7 +136,8 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         sample.update(do_sample=True, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     # A warm-up so one-time costs (allocator, first kernel calls, compilation) hit neither side;
     # compiled, as long as the real call so that every tree size compiles here.
-    warm = gen.generate(prompt, max_new_tokens=req.max_new_tokens if req.compile else 4, return_dict_in_generate=True,
+    compiled = gen.compiled is not None
+    warm = gen.generate(prompt, max_new_tokens=req.max_new_tokens if compiled else 4, return_dict_in_generate=True,
                         **sample)
     out = gen.generate(prompt, max_new_tokens=req.max_new_tokens, streamer=streamer, return_dict_in_generate=True,
                        **sample)
@@ -145,7 +149,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "depth_acceptance": stats.depth_acceptance, "acceptance_bound": stats.acceptance_bound,
         "depth_acceptance_bound": stats.depth_acceptance_bound, "tokens_per_s": stats.tokens_per_s,
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
-        "compiled": req.compile, "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
+        "compiled": compiled, "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
         "lookup_proposed": stats.lookup_proposed, "lookup_accepted": stats.lookup_accepted,
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens,
                  "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram},

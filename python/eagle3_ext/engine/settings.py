@@ -38,7 +38,7 @@ REFUSED = {
     "prompt_lookup_num_tokens": None, "max_time": None, "min_length": 0, "diversity_penalty": 0.0,
 }
 # Extra keywords generate takes besides the generation config's fields.
-EXTRA_KEYWORDS = ("tokenizer", "streamer", "logits_processor", "seed")
+EXTRA_KEYWORDS = ("tokenizer", "streamer", "logits_processor", "stopping_criteria", "seed")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class GenerateSettings:
     pad_token_id: int
     stop_strings: List[str] = field(default_factory=list)
     logits_processor: Any = None             # a LogitsProcessorList (or list of processors) or None
+    stopping_criteria: Any = None            # a StoppingCriteriaList or None
     streamer: Any = None
     tokenizer: Any = None
     return_dict_in_generate: bool = False
@@ -96,6 +97,19 @@ def _check_fields(values: Dict[str, Any]) -> None:
             number(f"generate: {name}", value, low, high, exclusive_minimum=open_low)
     if values.get("do_sample") is not None and not isinstance(values["do_sample"], bool):
         raise TypeError(f"generate: do_sample must be True or False, got {values['do_sample']!r}")
+
+
+def _stopping_criteria(criteria: Any) -> Any:
+    """A StoppingCriteriaList from ``stopping_criteria=`` (a list, one criterion, or None)."""
+    if criteria is None:
+        return None
+    from transformers import StoppingCriteriaList
+    if callable(criteria) and not isinstance(criteria, list):
+        criteria = [criteria]
+    if not isinstance(criteria, list) or not all(callable(c) for c in criteria):
+        raise TypeError("generate: stopping_criteria must be a StoppingCriteriaList or a list of StoppingCriteria, got "
+                        f"{type(criteria).__name__}")
+    return StoppingCriteriaList(criteria) if criteria else None
 
 
 def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], tokenizer: Any = None) -> GenerateSettings:
@@ -150,6 +164,7 @@ def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], 
         if not isinstance(processors, list) or not all(callable(p) for p in processors):
             raise TypeError("generate: logits_processor must be a LogitsProcessorList or a list of processors")
         processors = LogitsProcessorList(processors) if processors else None
+    criteria = _stopping_criteria(extras.get("stopping_criteria"))
     streamer = extras.get("streamer")
     if streamer is not None and not (callable(getattr(streamer, "put", None)) and
                                      callable(getattr(streamer, "end", None))):
@@ -160,6 +175,6 @@ def resolve(target_config: Any, generation_config: Any, kwargs: Dict[str, Any], 
         integer("generate: seed", seed, 0, MAX_SEED)
     return GenerateSettings(
         max_new_tokens=max_new, max_length=max_length, min_new_tokens=min_new, sampling=sampling, eos_token_ids=eos,
-        pad_token_id=int(pad), stop_strings=stop, logits_processor=processors,
+        pad_token_id=int(pad), stop_strings=stop, logits_processor=processors, stopping_criteria=criteria,
         streamer=streamer, tokenizer=tokenizer,
         return_dict_in_generate=bool(config.return_dict_in_generate), seed=seed)

@@ -195,7 +195,7 @@ class TargetRunner:
         dst = self.seq_lens[:, None] + torch.arange(m, device=device)                  # [B, m]
         # A chain's accepted nodes (and a tree's first-child path) already sit where they are
         # committed: the leading columns in place for every request are not moved (16 gathers
-        # and scatters of a few rows each cost about 1 ms a round on a 2-core CPU).
+        # and scatters of a few rows each are a measurable part of a round on CPU).
         start = int((src == dst).all(0).long().cumprod(0).sum())
         src, dst, m = src[:, start:], dst[:, start:], m - start
         for layer in self.cache.layers if m > 0 else ():

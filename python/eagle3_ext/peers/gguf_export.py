@@ -23,6 +23,8 @@ from typing import Dict, Iterator, Tuple
 import numpy as np
 import torch
 
+from ..errors import BadInputError
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 
 # Hugging Face parameter name (after "model.layers.N.") -> GGUF tensor name (after "blk.N.")
@@ -48,17 +50,17 @@ def check_convertible(config: dict) -> None:
     differently."""
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"GGUF export: model_type {model_type!r} is not supported, expected one of "
-                         f"{SUPPORTED_MODEL_TYPES}")
+        raise BadInputError(f"GGUF export: model_type {model_type!r} is not supported, expected one of "
+                            f"{SUPPORTED_MODEL_TYPES}")
     if config.get("attention_bias") or config.get("mlp_bias"):
-        raise ValueError("GGUF export: biases in attention or MLP are not supported")
+        raise BadInputError("GGUF export: biases in attention or MLP are not supported")
     if config.get("sliding_window"):
-        raise ValueError(f"GGUF export: a sliding window ({config['sliding_window']}) is not supported")
+        raise BadInputError(f"GGUF export: a sliding window ({config['sliding_window']}) is not supported")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"GGUF export: RoPE type {rope.get('rope_type')!r} is not supported, expected 'default'")
+        raise BadInputError(f"GGUF export: RoPE type {rope.get('rope_type')!r} is not supported, expected 'default'")
     if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"GGUF export: activation {config.get('hidden_act')!r} is not supported, expected 'silu'")
+        raise BadInputError(f"GGUF export: activation {config.get('hidden_act')!r} is not supported, expected 'silu'")
 
 
 def _tensors(model, config: dict) -> Iterator[Tuple[str, np.ndarray]]:
@@ -73,7 +75,7 @@ def _tensors(model, config: dict) -> Iterator[Tuple[str, np.ndarray]]:
         prefix, _, rest = name.partition(".layers.")
         index, _, leaf = rest.partition(".")
         if prefix != "model" or leaf not in _LAYER_NAMES:
-            raise ValueError(f"GGUF export: no GGUF name for parameter {name!r}")
+            raise BadInputError(f"GGUF export: no GGUF name for parameter {name!r}")
         if leaf == "self_attn.q_proj.weight":
             w = rope_pairs_from_halves(w, heads)
         elif leaf == "self_attn.k_proj.weight":
@@ -90,7 +92,7 @@ def _add_tokenizer(writer, model_dir: str, config: dict) -> None:
         tok = json.load(f)
     model = tok.get("model", {})
     if model.get("type") != "BPE":
-        raise ValueError(f"GGUF export: {path} holds a {model.get('type')!r} tokenizer, expected byte-level BPE")
+        raise BadInputError(f"GGUF export: {path} holds a {model.get('type')!r} tokenizer, expected byte-level BPE")
     vocab: Dict[str, int] = dict(model["vocab"])
     special = {t["id"] for t in tok.get("added_tokens", []) if t.get("special")}
     for t in tok.get("added_tokens", []):

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..dtypes import DTYPES
+from ..errors import BadInputError
 from .data import Example
 from .ttt import TargetView
 
@@ -53,22 +54,22 @@ def bytes_per_token(num_aux: int, hidden: int, draft_vocab: int, dtype_bytes: in
 def read_manifest(cache: str) -> Dict[str, Any]:
     path = os.path.join(cache, MANIFEST)
     if not os.path.isfile(path):
-        raise ValueError(f"from_cache {cache} is not a training cache: it has no {MANIFEST} (write one with "
-                         "`eagle3 train capture`)")
+        raise BadInputError(f"from_cache {cache} is not a training cache: it has no {MANIFEST} (write one with "
+                            "`eagle3 train capture`)")
     with open(path) as f:
         try:
             manifest = json.load(f)
         except json.JSONDecodeError as e:
-            raise ValueError(f"from_cache: {path} is not valid JSON ({e.msg})") from None
+            raise BadInputError(f"from_cache: {path} is not valid JSON ({e.msg})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"from_cache: {path} is not an {FORMAT} manifest")
+        raise BadInputError(f"from_cache: {path} is not an {FORMAT} manifest")
     if manifest.get("version") != VERSION:
-        raise ValueError(f"from_cache: {path} is version {manifest.get('version')}, this library reads version "
-                         f"{VERSION}; capture it again")
+        raise BadInputError(f"from_cache: {path} is version {manifest.get('version')}, this library reads version "
+                            f"{VERSION}; capture it again")
     missing = [name for name in {e["shard"] for e in manifest["examples"]} | {PARTS}
                if not os.path.isfile(os.path.join(cache, name))]
     if missing:
-        raise ValueError(f"from_cache {cache}: files listed in the manifest are missing: {sorted(missing)}")
+        raise BadInputError(f"from_cache {cache}: files listed in the manifest are missing: {sorted(missing)}")
     return manifest
 
 
@@ -123,11 +124,11 @@ class CachedTarget:
 
     def start(self, aux_layer_ids: Sequence[int], d2t: torch.Tensor) -> None:
         if list(aux_layer_ids) != list(self.manifest["aux_layer_ids"]):
-            raise ValueError(f"the draft reads aux layers {list(aux_layer_ids)} but the cache {self.path} holds "
-                             f"layers {self.manifest['aux_layer_ids']}")
+            raise BadInputError(f"the draft reads aux layers {list(aux_layer_ids)} but the cache {self.path} holds "
+                                f"layers {self.manifest['aux_layer_ids']}")
         if not torch.equal(d2t.cpu(), self.parts["d2t"]):
-            raise ValueError(f"the draft's vocabulary (d2t) differs from the one the cache {self.path} was captured "
-                             "with; train from the same cache it started with")
+            raise BadInputError(f"the draft's vocabulary (d2t) differs from the one the cache {self.path} was captured "
+                                "with; train from the same cache it started with")
 
     def _read(self, shard: str, key: str, names: Sequence[str]) -> List[torch.Tensor]:
         handle = self._shards.get(shard)

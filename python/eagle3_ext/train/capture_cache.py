@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
 from ..engine.loading import default_device
+from ..errors import BadInputError
 from .cache import CONFIG_DIR, FORMAT, MANIFEST, PARTS, VERSION, bytes_per_token
 from .data import batches
 from .layout import make_layout
@@ -65,8 +66,8 @@ class CaptureConfig:
         validation.integer("shard_mb", self.shard_mb, 1)
         validation.integer("tp_size", self.tp_size, 1)
         if os.path.exists(os.path.join(self.out, MANIFEST)):
-            raise ValueError(f"out {self.out} already holds a training cache; capture into another directory or "
-                             "delete it first")
+            raise BadInputError(f"out {self.out} already holds a training cache; capture into another directory or "
+                                "delete it first")
 
 
 class _ShardWriter:
@@ -121,7 +122,7 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
     aux = source.default_aux_layers() if config.aux_layers is None else list(config.aux_layers)
     draft_vocab = min(source.vocab, 32000) if config.draft_vocab_size is None else config.draft_vocab_size
     if draft_vocab > source.vocab:
-        raise ValueError(f"draft_vocab_size {draft_vocab} is larger than the target vocabulary ({source.vocab})")
+        raise BadInputError(f"draft_vocab_size {draft_vocab} is larger than the target vocabulary ({source.vocab})")
     d2t, t2d = vocab_mapping_for(train, source.vocab, draft_vocab)
     hidden = source.config.hidden_size
     ids = torch.arange(draft_vocab) + d2t
@@ -136,8 +137,8 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
     if head == "auto":
         head = "hidden" if rows is not None and _head_check(source, train[0], rows, bias) else "logits"
     elif head == "hidden" and (rows is None or not _head_check(source, train[0], rows, bias)):
-        raise ValueError("head 'hidden' needs a plain linear lm_head; this target's logits are not its input times "
-                         "its weight (use head 'logits' or 'auto')")
+        raise BadInputError("head 'hidden' needs a plain linear lm_head; this target's logits are not its input times "
+                            "its weight (use head 'logits' or 'auto')")
     per_token = bytes_per_token(len(aux), hidden, draft_vocab, dtype_bytes, head)
     estimate = {"examples": len(ordered), "tokens": tokens, "bytes_per_token": per_token,
                 "estimated_bytes": per_token * tokens, "mib_per_million_tokens": per_token * 1e6 / 2**20,
@@ -151,8 +152,8 @@ def capture(config: CaptureConfig) -> Dict[str, Any]:
     if config.dry_run:
         return estimate
     if per_token * tokens > free:
-        raise ValueError(f"out {config.out}: the cache needs about {per_token * tokens / 2**30:.2f} GiB and the disk "
-                         f"has {free / 2**30:.2f} GiB free")
+        raise BadInputError(f"out {config.out}: the cache needs about {per_token * tokens / 2**30:.2f} GiB and the "
+                            f"disk has {free / 2**30:.2f} GiB free")
 
     started = time.perf_counter()
     mine = [i for i in range(len(ordered)) if i % layout.dp_size == layout.dp_rank]

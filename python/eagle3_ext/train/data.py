@@ -11,6 +11,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..errors import BadInputError
 from ..validation import read_text_file
 
 
@@ -25,10 +26,10 @@ def _chat_example(tokenizer, messages: list, where: str, max_len: int) -> Exampl
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):
-        raise ValueError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}} "
-                         "objects")
+        raise BadInputError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}} "
+                            "objects")
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"{where}: chat data needs a tokenizer with a chat template; the target's has none")
+        raise BadInputError(f"{where}: chat data needs a tokenizer with a chat template; the target's has none")
     ids: List[int] = []
     mask: List[bool] = []
     for k, message in enumerate(messages):
@@ -37,17 +38,17 @@ def _chat_example(tokenizer, messages: list, where: str, max_len: int) -> Exampl
         if not isinstance(rendered, list):  # transformers 5 returns a BatchEncoding
             rendered = rendered["input_ids"]
         if list(rendered[: len(ids)]) != ids:
-            raise ValueError(f"{where}: the chat template does not render conversations prefix by prefix, so "
-                             "assistant tokens cannot be located")
+            raise BadInputError(f"{where}: the chat template does not render conversations prefix by prefix, so "
+                                "assistant tokens cannot be located")
         new = list(rendered[len(ids):])
         ids.extend(new)
         mask.extend([message["role"] == "assistant"] * len(new))
     if not any(mask):
-        raise ValueError(f"{where}: the conversation has no assistant message to learn from")
+        raise BadInputError(f"{where}: the conversation has no assistant message to learn from")
     first = mask.index(True)
     if first >= max_len:
-        raise ValueError(f"{where}: the prompt before the first assistant token is {first} tokens, longer than "
-                         f"max_len={max_len}; raise --max-len or shorten the conversation")
+        raise BadInputError(f"{where}: the prompt before the first assistant token is {first} tokens, longer than "
+                            f"max_len={max_len}; raise --max-len or shorten the conversation")
     return Example(torch.tensor(ids[:max_len]), torch.tensor(mask[:max_len]))
 
 
@@ -64,10 +65,10 @@ def _token_examples(record: dict, where: str, max_len: int) -> Iterator[Example]
     cut into windows of max_len tokens like text."""
     ids, mask = record["input_ids"], record.get("loss_mask")
     if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
-        raise ValueError(f"{where}: \"input_ids\" must be a list of non-negative integers")
+        raise BadInputError(f"{where}: \"input_ids\" must be a list of non-negative integers")
     if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids) or
                              not all(m in (0, 1, True, False) for m in mask)):
-        raise ValueError(f"{where}: \"loss_mask\" must be a list of 0/1 as long as \"input_ids\" ({len(ids)})")
+        raise BadInputError(f"{where}: \"loss_mask\" must be a list of 0/1 as long as \"input_ids\" ({len(ids)})")
     mask = [True] * len(ids) if mask is None else [bool(m) for m in mask]
     for start in range(0, len(ids), max_len):
         chunk = ids[start:start + max_len]
@@ -86,9 +87,9 @@ def jsonl_records(path: str, content: str) -> Iterator[Tuple[int, str, dict]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+            raise BadInputError(f"{where}: not valid JSON ({e.msg})") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            raise BadInputError(f"{where}: expected a JSON object, got {type(record).__name__}")
         yield n, line, record
 
 
@@ -96,9 +97,9 @@ def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Opt
     """Reads every file: *.jsonl lines with "text", "messages" or "input_ids"; anything else as
     plain text."""
     if max_len < 4:
-        raise ValueError(f"max_len must be at least 4 tokens, got {max_len}")
+        raise BadInputError(f"max_len must be at least 4 tokens, got {max_len}")
     if not paths:
-        raise ValueError("no training data files given")
+        raise BadInputError("no training data files given")
     examples: List[Example] = []
     for path in paths:
         content = read_text_file("training data file", path)
@@ -113,17 +114,17 @@ def load_examples(paths: Sequence[str], tokenizer, max_len: int, vocab_size: Opt
                 elif "input_ids" in record:
                     examples.extend(_token_examples(record, where, max_len))
                 else:
-                    raise ValueError(f"{where}: expected a \"text\" string, a \"messages\" list or an "
-                                     "\"input_ids\" list")
+                    raise BadInputError(f"{where}: expected a \"text\" string, a \"messages\" list or an "
+                                        "\"input_ids\" list")
         else:
             examples.extend(_text_examples(tokenizer, content, max_len))
         if len(examples) == before:
-            raise ValueError(f"training data file {path} yields no example of at least 3 tokens")
+            raise BadInputError(f"training data file {path} yields no example of at least 3 tokens")
     vocab = vocab_size or len(tokenizer)
     top = max(int(e.input_ids.max()) for e in examples)
     if top >= vocab:
-        raise ValueError(f"token id {top} in the data is outside the {'target' if vocab_size else 'tokenizer'}'s "
-                         f"vocabulary ({vocab})")
+        raise BadInputError(f"token id {top} in the data is outside the {'target' if vocab_size else 'tokenizer'}'s "
+                            f"vocabulary ({vocab})")
     return examples
 
 

@@ -16,6 +16,7 @@ from typing import Optional
 import torch.distributed as dist
 
 from ..distributed import tp
+from ..errors import BadInputError
 
 
 @dataclass
@@ -46,7 +47,7 @@ def make_layout(tp_size: int = 1) -> TrainLayout:
     call this, in the same order, since it creates the data-parallel groups."""
     world, rank = tp.world_size(), tp.rank()
     if tp_size < 1 or world % tp_size:
-        raise ValueError(f"tp_size must divide the number of processes ({world}), got {tp_size}")
+        raise BadInputError(f"tp_size must divide the number of processes ({world}), got {tp_size}")
     dp_size = world // tp_size
     if tp_size == 1:
         return TrainLayout(1, dp_size, rank, None)

@@ -53,6 +53,7 @@ from ..dtypes import DTYPES, check_dtype_name
 from ..engine.config import SamplingConfig
 from ..engine.settings import MAX_SEED
 from ..engine.loading import default_device
+from ..errors import BadInputError, BadInputTypeError
 from .data import jsonl_records
 
 logger = logging.getLogger(__name__)
@@ -87,20 +88,20 @@ class RegenerateConfig:
         bad field; 0, "" and [] are errors, never "the default" (None is)."""
         validation.existing_dir("target", self.target)
         if isinstance(self.data, (str, os.PathLike)) or not isinstance(self.data, (list, tuple)) or not self.data:
-            raise TypeError(f"data must be a non-empty list of JSONL file paths, got {self.data!r}")
+            raise BadInputTypeError(f"data must be a non-empty list of JSONL file paths, got {self.data!r}")
         for i, item in enumerate(self.data):
             path = validation.existing_file(f"data[{i}]", item)
             if not path.endswith(".jsonl"):
-                raise ValueError(f"data[{i}] must be a .jsonl file of records with \"messages\", got {path}")
+                raise BadInputError(f"data[{i}] must be a .jsonl file of records with \"messages\", got {path}")
         out = validation.path("out", self.out)
         if not out.endswith(".jsonl"):
-            raise ValueError(f"out must name a .jsonl file (the trainer reads JSONL only from *.jsonl files), "
-                             f"got {out}")
+            raise BadInputError(f"out must name a .jsonl file (the trainer reads JSONL only from *.jsonl files), "
+                                f"got {out}")
         if os.path.isdir(out):
-            raise ValueError(f"out: {out} is a directory, expected a file to write")
+            raise BadInputError(f"out: {out} is a directory, expected a file to write")
         for i, item in enumerate(self.data):
             if os.path.exists(out) and os.path.samefile(out, item):
-                raise ValueError(f"out must not be one of the data files, got data[{i}] ({item}) again")
+                raise BadInputError(f"out must not be one of the data files, got data[{i}] ({item}) again")
         if self.draft is not None:
             validation.existing_dir("draft", self.draft)
         validation.integer("max_new_tokens", self.max_new_tokens, 1)
@@ -149,18 +150,18 @@ def _assistant_turns(record: Dict[str, Any], where: str) -> List[int]:
     if "messages" not in record:
         if isinstance(record.get("text"), str) or "input_ids" in record:
             return []  # passed through: the trainer reads it as it is
-        raise ValueError(f"{where}: expected a \"messages\" list (or a \"text\" string or an \"input_ids\" list, "
-                         "which pass through unchanged)")
+        raise BadInputError(f"{where}: expected a \"messages\" list (or a \"text\" string or an \"input_ids\" list, "
+                            "which pass through unchanged)")
     messages = record["messages"]
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages):
-        raise ValueError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}} "
-                         "objects")
+        raise BadInputError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}} "
+                            "objects")
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
-        raise ValueError(f"{where}: the conversation has no assistant message to regenerate; end it with "
-                         "{\"role\": \"assistant\", \"content\": \"\"} to have the target answer it")
+        raise BadInputError(f"{where}: the conversation has no assistant message to regenerate; end it with "
+                            "{\"role\": \"assistant\", \"content\": \"\"} to have the target answer it")
     return turns
 
 
@@ -237,23 +238,23 @@ def _check_written(text: str, where: str, sources: List[Source], settings: Dict[
         record = None
     block = record.get(PROVENANCE_KEY) if isinstance(record, dict) else None
     if not isinstance(block, dict) or isinstance(block.get("index"), bool) or not isinstance(block.get("index"), int):
-        raise ValueError(f"{where}: not a line written by eagle3 train regenerate (no \"{PROVENANCE_KEY}\" block); "
-                         f"{_START_OVER}")
+        raise BadInputError(f"{where}: not a line written by eagle3 train regenerate (no \"{PROVENANCE_KEY}\" block); "
+                            f"{_START_OVER}")
     index = block["index"]
     if not 0 <= index < len(sources):
-        raise ValueError(f"{where}: written for record {index}, but this input has {len(sources)} records; "
-                         f"{_START_OVER}")
+        raise BadInputError(f"{where}: written for record {index}, but this input has {len(sources)} records; "
+                            f"{_START_OVER}")
     source = sources[index]
     origin = (block.get("file"), block.get("line"), block.get("input_sha256"))
     if origin != origin_of(source):
         other = "other content at the same place" if origin[:2] == origin_of(source)[:2] else "another record"
-        raise ValueError(f"{where}: written from {origin[0]}:{origin[1]}, but record {index} of this input is "
-                         f"{source.where} ({other}); the file was written for other input; {_START_OVER}")
+        raise BadInputError(f"{where}: written from {origin[0]}:{origin[1]}, but record {index} of this input is "
+                            f"{source.where} ({other}); the file was written for other input; {_START_OVER}")
     differ = [f"{k} {block.get(k)!r} (now {settings.get(k)!r})" for k in SETTING_KEYS
               if block.get(k) != settings.get(k)]
     if differ:
-        raise ValueError(f"{where}: written with other settings: {', '.join(differ)}; rerun with those, or "
-                         f"{_START_OVER}")
+        raise BadInputError(f"{where}: written with other settings: {', '.join(differ)}; rerun with those, or "
+                            f"{_START_OVER}")
     return block
 
 
@@ -296,8 +297,8 @@ def scan_written(out: str, sources: List[Source], settings: Dict[str, Any]) -> W
         for n, (start, end, text) in enumerate(reader.read(), 1):
             block = _check_written(text, f"{out}:{n}", sources, settings)
             if block["index"] != n - 1:
-                raise ValueError(f"{out}:{n}: holds record {block['index']} where record {n - 1} belongs, so it is "
-                                 f"no prefix of this input's output; {_START_OVER}")
+                raise BadInputError(f"{out}:{n}: holds record {block['index']} where record {n - 1} belongs, so it is "
+                                    f"no prefix of this input's output; {_START_OVER}")
             written.add(out, start, end, block, counted=False)
         written.prefix, written.prefix_end = reader.count, reader.offset
     written.read_parts(out, sources, settings, counted=False)
@@ -405,17 +406,17 @@ class Regenerator:
             ids = self.tokenizer.apply_chat_template(conversation.prompt(), add_generation_prompt=True,
                                                      tokenize=True)
         except Exception as e:  # noqa: BLE001  (a template raises what its author chose)
-            raise ValueError(f"{where}: the chat template cannot render the conversation before message {k + 1}: "
-                             f"{type(e).__name__}: {e}") from None
+            raise BadInputError(f"{where}: the chat template cannot render the conversation before message {k + 1}: "
+                                f"{type(e).__name__}: {e}") from None
         if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         ids = [int(t) for t in ids]
         if not ids:
-            raise ValueError(f"{where}: message {k + 1} (assistant) has nothing before it to answer")
+            raise BadInputError(f"{where}: message {k + 1} (assistant) has nothing before it to answer")
         if self.context is not None and len(ids) + self.config.max_new_tokens > self.context:
-            raise ValueError(f"{where}: the conversation before message {k + 1} is {len(ids)} tokens; with "
-                             f"max_new_tokens={self.config.max_new_tokens} that passes the target's context "
-                             f"({self.context} positions); lower --max-new-tokens or shorten the conversation")
+            raise BadInputError(f"{where}: the conversation before message {k + 1} is {len(ids)} tokens; with "
+                                f"max_new_tokens={self.config.max_new_tokens} that passes the target's context "
+                                f"({self.context} positions); lower --max-new-tokens or shorten the conversation")
         return ids
 
     def step(self, in_flight: List[Conversation]) -> None:
@@ -527,8 +528,8 @@ def regenerate(config: RegenerateConfig) -> Dict[str, Any]:
     sources = read_sources([os.fspath(p) for p in config.data])
     tokenizer = load_tokenizer(config.target)
     if any(s.turns for s in sources) and getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"target {config.target}: its tokenizer has no chat template, which conversations "
-                         "(\"messages\") need to be rendered")
+        raise BadInputError(f"target {config.target}: its tokenizer has no chat template, which conversations "
+                            "(\"messages\") need to be rendered")
     settings = config.settings()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     written = scan_written(out, sources, settings)

@@ -17,6 +17,7 @@ from ..draft import eagle_default_aux_layers, fingerprint
 from ..draft.aux_layers import target_dims
 from ..engine.capture import AuxHiddenCapture
 from ..engine.loading import check_context, load_target, load_tokenizer
+from ..errors import BadInputError
 from .data import Example, collate, load_examples
 from .ttt import TargetView, target_pass
 from .vocab import build_vocab_mapping
@@ -31,7 +32,7 @@ def split_examples(examples: Sequence[Example], val_fraction: float, val_max_exa
     n_val = n_val if len(examples) > 1 else 0
     train = [examples[i] for i in order[n_val:]]
     if not train:
-        raise ValueError("no training examples left after the validation split")
+        raise BadInputError("no training examples left after the validation split")
     return train, [examples[i] for i in order[:n_val]]
 
 
@@ -67,8 +68,8 @@ class OnlineTarget:
         self.config = self.model.config
         self.num_layers, _, self.vocab = target_dims(self.config)
         if len(self.tokenizer) > self.vocab:
-            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is "
-                             f"{self.vocab}")
+            raise BadInputError(f"the tokenizer has {len(self.tokenizer)} tokens but the target's vocabulary is "
+                                f"{self.vocab}")
         check_context(self.model, "max_len", max_len)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.capture = None

@@ -20,6 +20,7 @@ from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
 from ..engine.loading import check_device, default_device
+from ..errors import BadInputError, BadInputTypeError, MissingPathError
 from .cache import CAPTURE_FIELDS, CachedTarget
 from .data import batches
 from .data_parallel import DataParallel
@@ -75,13 +76,13 @@ class TrainConfig:
             validation.existing_dir("from_cache", self.from_cache)
             for name in ("target", "data"):
                 if getattr(self, name) is not None:
-                    raise ValueError(f"{name} must be None with from_cache (the cache holds what the target gave)")
+                    raise BadInputError(f"{name} must be None with from_cache (the cache holds what the target gave)")
             if self.tp_size != 1:
-                raise ValueError(f"tp_size must be 1 with from_cache (no target runs), got {self.tp_size}")
+                raise BadInputError(f"tp_size must be 1 with from_cache (no target runs), got {self.tp_size}")
         else:
             validation.path("target", self.target)
             if isinstance(self.data, (str, os.PathLike)) or not isinstance(self.data, (list, tuple)) or not self.data:
-                raise TypeError(f"data must be a non-empty list of file paths, got {self.data!r}")
+                raise BadInputTypeError(f"data must be a non-empty list of file paths, got {self.data!r}")
             for i, item in enumerate(self.data):
                 validation.existing_file(f"data[{i}]", item)
         validation.integer("tp_size", self.tp_size, 1)
@@ -89,12 +90,12 @@ class TrainConfig:
         validation.output_dir("out", self.out)
         if self.aux_layers is not None:
             if not isinstance(self.aux_layers, (list, tuple)) or not self.aux_layers:
-                raise TypeError(f"aux_layers must be None (EAGLE's default) or a non-empty list of layer indices, got "
-                                f"{self.aux_layers!r}")
+                raise BadInputTypeError(f"aux_layers must be None (EAGLE's default) or a non-empty list of layer "
+                                        f"indices, got {self.aux_layers!r}")
             for i, layer in enumerate(self.aux_layers):
                 validation.integer(f"aux_layers[{i}]", layer, 0)
             if len(set(self.aux_layers)) != len(self.aux_layers):
-                raise ValueError(f"aux_layers must be distinct, got {list(self.aux_layers)}")
+                raise BadInputError(f"aux_layers must be distinct, got {list(self.aux_layers)}")
         if self.draft_vocab_size is not None:
             validation.integer("draft_vocab_size", self.draft_vocab_size, 1)
         validation.integer("ttt_steps", self.ttt_steps, 1, MAX_TTT_STEPS)
@@ -107,14 +108,14 @@ class TrainConfig:
         validation.number("lr", self.lr, 0, exclusive_minimum=True)
         validation.number("val_fraction", self.val_fraction, 0, 1, exclusive_minimum=True)
         if self.val_fraction >= 1:
-            raise ValueError("val_fraction must be below 1 (some data must be left to train on), got "
-                             f"{self.val_fraction}")
+            raise BadInputError("val_fraction must be below 1 (some data must be left to train on), got "
+                                f"{self.val_fraction}")
         check_dtype_name("dtype", self.dtype)
         if self.amp is not None:
             validation.choice("amp", self.amp, ("bfloat16", "float16"))
         if self.batch_tokens < self.max_len:
-            raise ValueError(f"batch_tokens ({self.batch_tokens}) must hold one sequence of max_len "
-                             f"({self.max_len}) tokens")
+            raise BadInputError(f"batch_tokens ({self.batch_tokens}) must hold one sequence of max_len "
+                                f"({self.max_len}) tokens")
 
 
 @dataclass
@@ -158,8 +159,8 @@ def _check_resumable(saved: Dict[str, Any], config: TrainConfig) -> None:
     differ = [f"{k} (checkpoint {saved[k]!r}, now {getattr(config, k)!r})" for k in RESUME_FIELDS
               if k in saved and saved[k] != getattr(config, k) and k not in defaulted]
     if differ:
-        raise ValueError(f"resume: the checkpoint was trained with other options: {', '.join(differ)}; resume with "
-                         "the same options, or train into another --out")
+        raise BadInputError(f"resume: the checkpoint was trained with other options: {', '.join(differ)}; resume with "
+                            "the same options, or train into another --out")
 
 
 class Trainer:
@@ -191,13 +192,13 @@ class Trainer:
             _check_resumable(saved.get("config", {}), config)
             self.state = saved["state"]
         elif config.resume:
-            raise FileNotFoundError(f"resume: no checkpoint under {ckpt} to continue from (train without --resume "
-                                    "to start)")
+            raise MissingPathError(f"resume: no checkpoint under {ckpt} to continue from (train without --resume "
+                                   "to start)")
         else:
             draft_vocab = min(vocab, 32000) if config.draft_vocab_size is None else config.draft_vocab_size
             if draft_vocab > vocab:
-                raise ValueError(f"draft_vocab_size {draft_vocab} is larger than the target "
-                                 f"vocabulary ({vocab})")
+                raise BadInputError(f"draft_vocab_size {draft_vocab} is larger than the target "
+                                    f"vocabulary ({vocab})")
             flags = {k: getattr(config, k) for k in ("norm_before_residual", "fc_norm", "norm_before_fc",
                                                      "norm_output")}
             self.draft = Eagle3DraftModel(draft_config_for(target_config, aux, draft_vocab, **flags))
@@ -428,8 +429,8 @@ def _adopt_cache_options(config: TrainConfig, manifest: Dict[str, Any]) -> None:
         cached = manifest["aux_layer_ids"] if name == "aux_layers" else manifest[name]
         mine = getattr(config, name)
         if mine != getattr(defaults, name) and mine != cached:
-            raise ValueError(f"{name} {mine!r} differs from the cache's {cached!r} (fixed when it was captured: "
-                             "capture again to change it)")
+            raise BadInputError(f"{name} {mine!r} differs from the cache's {cached!r} (fixed when it was captured: "
+                                "capture again to change it)")
         setattr(config, name, cached)
 
 

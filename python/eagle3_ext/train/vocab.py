@@ -6,6 +6,8 @@ from typing import Tuple
 
 import torch
 
+from ..errors import BadInputError
+
 
 def build_vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """d2t [draft_vocab_size] int64 and t2d [target_vocab] bool from per-token counts.
@@ -16,10 +18,10 @@ def build_vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> Tu
     """
     target_vocab = token_counts.numel()
     if draft_vocab_size <= 0:
-        raise ValueError(f"draft_vocab_size must be positive, got {draft_vocab_size}")
+        raise BadInputError(f"draft_vocab_size must be positive, got {draft_vocab_size}")
     if draft_vocab_size > target_vocab:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary "
-                         f"({target_vocab} tokens)")
+        raise BadInputError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary "
+                            f"({target_vocab} tokens)")
     # Stable descending sort by count keeps lower ids first among equals.
     order = torch.sort(token_counts.to(torch.int64), descending=True, stable=True).indices
     chosen = torch.sort(order[:draft_vocab_size]).values
