@@ -1,0 +1,121 @@
+"""The llama.cpp rows of ``eagle3 bench`` (batch 1, greedy), from a source build of llama.cpp
+(``peers/llama_cpp_build.py``, made by benchmarks/build_llama_cpp.sh):
+
+- ``llama_cpp``: the target converted to f32 by llama.cpp's own converter, plain decoding;
+- ``llama_cpp_bf16``: the same in bf16;
+- ``llama_cpp_eagle3``: the f32 target with this run's draft, converted to llama.cpp's EAGLE-3
+  format unchanged, chain drafting (llama.cpp has no trees): the fastest of ``draft_max``
+  (``--spec-draft-n-max``) values, every value kept in ``sweep``, plus ``chain<d>_p_min_0``:
+  a chain of ``cross_check_depth`` drafted without llama.cpp's confidence cut-off, whose
+  acceptance compares with this library's chain of the same depth as a cross-check of the
+  draft and of the capture convention;
+- ``llama_cpp_<type>``: the target's own GGUF file as given (SmolLM2's is Q4_1), another
+  precision, reported apart.
+
+Every row decodes the token ids the other rows decode, with the bench's thread count.
+``identical`` (the new tokens equal Hugging Face's greedy ones) is checked for the f32 rows only;
+other precisions report None. The acceptance length of a drafted row is tokens per target
+forward: n / (n - accepted), each round emitting its accepted drafts and one token of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..peers.llama_cpp_build import LlamaCppBuild, convert_draft, convert_target, gguf_fields
+from ..peers.llama_cpp_server import Completion, LlamaServer
+
+DRAFT_MAX = (3, 5, 8)     # --spec-draft-n-max values tried for the llama_cpp_eagle3 row
+CROSS_CHECK_DEPTH = 5     # the chain compared with this library's chain of the same depth
+
+
+def _decode(server: LlamaServer, ids: List[List[int]], max_new_tokens: int, **options) -> List[Completion]:
+    server.complete(ids[0], 4, **options)  # warm-up: the first request pays one-off allocations
+    return [server.complete(p, max_new_tokens, **options) for p in ids]
+
+
+def _row(method: str, done: List[Completion], base_rate: float, base_outputs: Optional[List[List[int]]],
+         **extra) -> Dict[str, Any]:
+    tokens = sum(len(c.tokens) for c in done)
+    seconds = sum(c.seconds for c in done)
+    accepted = sum(c.accepted for c in done)
+    rate = tokens / seconds
+    row = {"method": method, "tokens_per_s": rate, "speedup": rate / base_rate,
+           "acceptance_length": tokens / max(1, tokens - accepted),
+           "identical": None if base_outputs is None else [c.tokens for c in done] == base_outputs, **extra}
+    if any(c.drafted for c in done):
+        row["drafted"] = sum(c.drafted for c in done)
+        row["accepted"] = accepted
+    return row
+
+
+def source_gguf(target: Optional[str], target_dir: str) -> Optional[str]:
+    """The GGUF file the target came from: ``target`` itself when it is one, else SmolLM2's shipped
+    file when the converted directory records that file's content hash."""
+    if target is not None and target.endswith(".gguf"):
+        return target
+    provenance = os.path.join(target_dir, "eagle3_gguf.json")
+    if not os.path.isfile(provenance):
+        return None
+    with open(provenance) as f:
+        sha256 = json.load(f).get("sha256")
+    from ..models.gguf_target import file_sha256
+    from ..models.smollm2_source import shipped_gguf
+    try:
+        shipped = shipped_gguf()
+    except OSError:
+        return None
+    return shipped if file_sha256(shipped) == sha256 else None
+
+
+def llama_cpp_rows(build: LlamaCppBuild, target_dir: str, draft_dir: str, draft, ids: List[List[int]],
+                   max_new_tokens: int, base_outputs: List[List[int]], base_rate: float, threads: int,
+                   gguf: Optional[str] = None, draft_max: Sequence[int] = DRAFT_MAX,
+                   progress: bool = True) -> Dict[str, Dict[str, Any]]:
+    """The rows above for batch-1 prompts ``ids``; speedups against ``base_rate`` (plain Hugging
+    Face generate's tokens/s in the same run)."""
+    context = max(len(p) for p in ids) + max_new_tokens + 16
+    common = {"threads": threads, "llama_cpp": build.describe()}
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if progress else (lambda text: None)
+    rows: Dict[str, Dict[str, Any]] = {}
+    f32 = convert_target(build, target_dir, "f32")
+    with LlamaServer(build, f32, threads, context) as server:
+        rows["llama_cpp"] = _row("llama_cpp", _decode(server, ids, max_new_tokens), base_rate, base_outputs,
+                                 gguf=os.path.basename(f32), **common)
+    bf16 = convert_target(build, target_dir, "bf16")
+    with LlamaServer(build, bf16, threads, context) as server:
+        rows["llama_cpp_bf16"] = _row("llama_cpp_bf16", _decode(server, ids, max_new_tokens), base_rate, None,
+                                      gguf=os.path.basename(bf16), **common)
+    draft_gguf = convert_draft(build, draft, draft_dir, target_dir, "f32")
+    layers = gguf_fields(draft_gguf).get("eagle3.target_layers")
+    sweep = {}
+    with LlamaServer(build, f32, threads, context, draft=draft_gguf, draft_max=max(draft_max)) as server:
+        for n in draft_max:
+            sweep[f"n_max_{n}"] = _row(f"n_max_{n}", _decode(server, ids, max_new_tokens, draft_max=n), base_rate,
+                                       base_outputs)
+            say(f"batch 1 llama_cpp_eagle3 n_max {n}: {sweep[f'n_max_{n}']['tokens_per_s']:.1f} tokens/s, "
+                f"acceptance length {sweep[f'n_max_{n}']['acceptance_length']:.2f}")
+        name = f"chain{CROSS_CHECK_DEPTH}_p_min_0"
+        sweep[name] = _row(name, _decode(server, ids, max_new_tokens, draft_max=CROSS_CHECK_DEPTH, p_min=0.0),
+                           base_rate, base_outputs)
+    best = max((k for k in sweep if k.startswith("n_max_")), key=lambda k: sweep[k]["tokens_per_s"])
+    rows["llama_cpp_eagle3"] = {**sweep[best], "method": "llama_cpp_eagle3", "draft_max": int(best.split("_")[-1]),
+                                "sweep": sweep, "draft_gguf": os.path.basename(draft_gguf),
+                                "target_layers": layers, "draft_aux_layers": list(draft.aux_layer_ids), **common}
+    if gguf is not None:
+        kind = str(gguf_fields(gguf).get("general.file_type", "gguf"))
+        name = f"llama_cpp_{_file_type_name(gguf)}"
+        with LlamaServer(build, gguf, threads, context) as server:
+            rows[name] = _row(name, _decode(server, ids, max_new_tokens), base_rate, None,
+                              gguf=os.path.basename(gguf), file_type=kind, **common)
+    return rows
+
+
+def _file_type_name(path: str) -> str:
+    """q4_1 for SmolLM2-135M-Instruct.Q4_1.gguf: the quantization named in the file name, else 'gguf'."""
+    stem = os.path.basename(path)[:-len(".gguf")]
+    tail = stem.rsplit(".", 1)[-1] if "." in stem else ""
+    return tail.lower() if tail and tail[0] in "qQfFbB" and any(ch.isdigit() for ch in tail) else "gguf"

@@ -1,0 +1,124 @@
+"""llama.cpp as the CPU peer: our draft converted by llama.cpp's own converter and decoded by
+llama.cpp's server with ``--spec-type draft-eagle3``.
+
+Where llama.cpp is built (benchmarks/build_llama_cpp.sh) and SmolLM2 is installed, the real
+pair runs there: the converter takes our checkpoint unchanged and reads the captured layers we
+trained on, llama.cpp's greedy tokens equal Hugging Face's, and its acceptance with our draft
+is that of a trained draft. A negative control converts the same weights told to read other
+layers (the first three): acceptance collapses, so the check can tell a capture mismatch. Without the
+build these tests skip with the reason; the rest (finding the build, reporting, file types)
+runs everywhere."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from eagle3_ext.engine.bench_llama_cpp import _file_type_name, _row, source_gguf
+from eagle3_ext.errors import MissingPathError
+from eagle3_ext.peers.llama_cpp_build import find_build, missing_reason
+from eagle3_ext.peers.llama_cpp_server import Completion, LlamaServer
+
+NEW_TOKENS = 32
+
+
+def test_a_missing_build_names_the_build_script(tmp_path):
+    with pytest.raises(MissingPathError, match="run benchmarks/build_llama_cpp.sh"):
+        find_build(str(tmp_path))
+    assert "benchmarks/build_llama_cpp.sh" in missing_reason(str(tmp_path))
+
+
+def test_a_server_that_dies_is_an_error_with_its_log(tmp_path):
+    (tmp_path / "bin").mkdir()
+    for name in ("llama-server", "llama-speculative-simple"):
+        script = tmp_path / "bin" / name
+        script.write_text("#!/bin/sh\necho 'error: model file not found' >&2\nexit 3\n")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "build.json").write_text(json.dumps({"source": "test", "flags": []}))
+    build = find_build(str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"exited with code 3:\n.*model file not found"):
+        with LlamaServer(build, "missing.gguf", threads=1, context=64):
+            pass
+
+
+def test_rows_count_acceptance_per_target_forward():
+    # 2 requests: 10 tokens with 6 drafts accepted (4 forwards), 8 tokens with none (8 forwards).
+    done = [Completion(list(range(10)), 0.5, drafted=9, accepted=6), Completion(list(range(8)), 0.4, 0, 0)]
+    row = _row("x", done, base_rate=10.0, base_outputs=[list(range(10)), list(range(8))])
+    assert row["acceptance_length"] == pytest.approx(18 / 12) and row["identical"] is True
+    assert row["tokens_per_s"] == pytest.approx(20.0) and row["speedup"] == pytest.approx(2.0)
+    assert _row("x", done, 10.0, None)["identical"] is None  # another precision: not compared
+
+
+def test_file_type_names():
+    assert _file_type_name("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "q4_1"
+    assert _file_type_name("model-bf16.gguf") == "gguf" and _file_type_name("m.F16.gguf") == "f16"
+    assert source_gguf("/x/model.gguf", "/nowhere") == "/x/model.gguf"
+    assert source_gguf(None, "/nowhere") is None
+
+
+# --- the real pair in llama.cpp (where it is built) --------------------------------------------
+
+@pytest.fixture(scope="module")
+def peer():
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    from eagle3_ext.models.smollm2_source import shipped_gguf
+    try:
+        shipped_gguf()
+    except MissingPathError as e:
+        pytest.skip(str(e))
+    import torch
+    from eagle3_ext import Eagle3DraftModel
+    from eagle3_ext.engine.baseline import hf_generate
+    from eagle3_ext.engine.inputs import chat_prompt
+    from eagle3_ext.models import SMOLLM2_EVAL_PROMPTS, pair
+    from eagle3_ext.prompts import load_prompts
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = pair("smollm2")
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    questions = load_prompts(SMOLLM2_EVAL_PROMPTS)[::10][:4]  # one per category
+    prompts = [chat_prompt(q, tok) for q in questions]
+    ids = [tok(p).input_ids for p in prompts]
+    hf = [hf_generate(target, tok, [p], NEW_TOKENS)[0][0] for p in prompts]
+    draft = Eagle3DraftModel.from_pretrained(draft_dir)
+    return find_build(), target_dir, draft_dir, draft, ids, hf
+
+
+def _decode(build, target_gguf, draft_gguf, ids):
+    from eagle3_ext.peers.llama_cpp_server import LlamaServer
+    context = max(len(p) for p in ids) + NEW_TOKENS + 16
+    with LlamaServer(build, target_gguf, threads=2, context=context, draft=draft_gguf, draft_max=5) as server:
+        return [server.complete(p, NEW_TOKENS, draft_max=5, p_min=0.0) for p in ids]
+
+
+def test_llama_cpp_runs_our_draft_unchanged_and_accepts_it(peer):
+    from eagle3_ext.peers.llama_cpp_build import convert_draft, convert_target, gguf_fields
+    build, target_dir, draft_dir, draft, ids, hf = peer
+    draft_gguf = convert_draft(build, draft, draft_dir, target_dir)
+    fields = gguf_fields(draft_gguf)
+    assert fields["general.architecture"] == "eagle3"
+    assert fields["eagle3.target_layers"] == list(draft.aux_layer_ids)  # the layers we trained on
+    done = _decode(build, convert_target(build, target_dir, "f32"), draft_gguf, ids)
+    assert [c.tokens for c in done] == hf  # lossless there too
+    tokens, accepted = sum(len(c.tokens) for c in done), sum(c.accepted for c in done)
+    assert tokens / (tokens - accepted) > 1.4  # a trained draft's acceptance, not an untrained one's (1.0)
+
+
+def test_a_draft_told_other_layers_collapses_in_llama_cpp(peer, tmp_path):
+    from eagle3_ext.peers.llama_cpp_build import _convert, convert_target
+    build, target_dir, draft_dir, draft, ids, hf = peer
+    export = tmp_path / "other_layers"
+    draft.save_pretrained(str(export), format="vllm")
+    config = json.loads((export / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # trained on [2, 15, 27]
+    (export / "config.json").write_text(json.dumps(config))
+    other = _convert(build, str(export), str(tmp_path / "other_layers.gguf"), "f32", "--target-model-dir", target_dir)
+    done = _decode(build, convert_target(build, target_dir, "f32"), other, ids)
+    assert [c.tokens for c in done] == hf  # still lossless: only acceptance pays
+    tokens, accepted = sum(len(c.tokens) for c in done), sum(c.accepted for c in done)
+    assert tokens / (tokens - accepted) < 1.2  # measured 1.07; the trained layers give 1.54
