@@ -6,6 +6,7 @@ import torch
 
 from eagle3_ext.cli import main as cli_main
 from eagle3_ext.doctor import candidate_layer_sets, diagnose, paired_difference
+from eagle3_ext.doctor.faults import NOT_COPIED, edited_copy, plant
 from eagle3_ext.train import TrainConfig, train
 from tiny_models import corpus, make_target
 
@@ -27,18 +28,9 @@ def pair(tmp_path_factory):
     return d
 
 
-def variant(pair, name, edit, keep_fingerprint=True):
-    """A copy of the trained draft whose config.json (or weights) ``edit`` changes."""
-    out = pair / name
-    if out.exists():
-        shutil.rmtree(out)
-    shutil.copytree(pair / "draft", out, ignore=shutil.ignore_patterns("checkpoint", "metrics.json", "specforge"))
-    config = json.loads((out / "config.json").read_text())
-    if not keep_fingerprint:
-        config["eagle3_ext"].pop("fingerprint")
-    edit(out, config)
-    (out / "config.json").write_text(json.dumps(config))
-    return out
+def variant(pair, fault):
+    """A copy of the trained draft with one planted fault of the doctor's matrix."""
+    return plant(str(pair / "draft"), str(pair / fault.replace(" ", "_").replace(",", "")), fault)
 
 
 def run(pair, draft_dir, **kwargs):
@@ -46,10 +38,6 @@ def run(pair, draft_dir, **kwargs):
                    acceptance_tokens=16)
     options.update(kwargs)
     return diagnose(str(pair / "target"), str(draft_dir), [str(pair / "sample.txt")], **options)
-
-
-def shifted(path, config):
-    config["eagle3_ext"]["aux_layer_ids"] = [i + 1 for i in TRAINED_ON]
 
 
 def test_healthy_pair_is_healthy_with_confidence(pair):
@@ -65,7 +53,7 @@ def test_healthy_pair_is_healthy_with_confidence(pair):
 
 
 def test_shifted_capture_is_a_fault_with_the_trained_layers_recommended(pair):
-    report = run(pair, variant(pair, "shifted", shifted))
+    report = run(pair, variant(pair, "shifted capture"))
     assert report.verdict.startswith("FAULT") and report.exit_code == 1
     fp = next(f for f in report.findings if f.check == "activation fingerprint")
     assert fp.status == "fault" and report.fingerprint["looks_like"] == [i + 1 for i in TRAINED_ON]
@@ -77,7 +65,7 @@ def test_shifted_capture_is_a_fault_with_the_trained_layers_recommended(pair):
 
 
 def test_shifted_capture_without_fingerprint_is_found_by_measurement(pair):
-    report = run(pair, variant(pair, "shifted_nofp", shifted, keep_fingerprint=False))
+    report = run(pair, variant(pair, "shifted capture, no fingerprint"))
     assert report.verdict.startswith("FAULT"), report.verdict
     measured = next(f for f in report.findings if f.check == "setup (measured)")
     assert measured.status == "fault" and "z = " in measured.message
@@ -88,9 +76,7 @@ def test_shifted_capture_without_fingerprint_is_found_by_measurement(pair):
 
 
 def test_flipped_residual_convention_is_named(pair):
-    def flip(path, config):
-        config["eagle3_ext"]["norm_before_residual"] = True
-    report = run(pair, variant(pair, "residual", flip))
+    report = run(pair, variant(pair, "flipped residual"))
     assert report.verdict.startswith("FAULT"), report.verdict
     assert report.recommended_config == {"norm_before_residual": False}
     winner = next(c for c in report.candidates if c.name == "norm_before_residual flipped")
@@ -98,9 +84,7 @@ def test_flipped_residual_convention_is_named(pair):
 
 
 def test_embedding_output_added_is_named(pair):
-    def add_embedding(path, config):
-        config["eagle3_ext"]["aux_layer_ids"] = [0] + TRAINED_ON
-    report = run(pair, variant(pair, "embedding", add_embedding))
+    report = run(pair, variant(pair, "embedding output added"))
     assert not report.healthy
     static = next(f for f in report.findings if f.check == "aux layers vs fc")
     assert "embedding output" in static.message
@@ -108,12 +92,7 @@ def test_embedding_output_added_is_named(pair):
 
 
 def test_zeroed_d2t_is_named_and_measurement_skipped(pair):
-    def zero_d2t(path, config):
-        from safetensors.torch import load_file, save_file
-        state = load_file(str(path / "model.safetensors"))
-        state["d2t"].zero_()
-        save_file(state, str(path / "model.safetensors"))
-    report = run(pair, variant(pair, "d2t", zero_d2t))
+    report = run(pair, variant(pair, "zeroed d2t"))
     assert report.verdict.startswith("FAULT") and "d2t" in report.verdict
     fault = next(f for f in report.findings if f.check == "vocabulary map (d2t/t2d)")
     assert "d2t is all zeros" in fault.message and "d2t" in report.recommended_config
@@ -122,7 +101,7 @@ def test_zeroed_d2t_is_named_and_measurement_skipped(pair):
 
 def test_too_little_data_is_inconclusive_and_says_how_much_more(pair):
     # One short sequence is a single block of tokens: no standard error, so nothing is decided.
-    report = run(pair, variant(pair, "little", shifted, keep_fingerprint=False), max_examples=1, max_len=20,
+    report = run(pair, variant(pair, "shifted capture, no fingerprint"), max_examples=1, max_len=20,
                  acceptance_prompts=0)
     assert report.verdict.startswith("INCONCLUSIVE"), report.verdict
     assert report.exit_code == 3 and "scored tokens would decide" in report.verdict
@@ -148,7 +127,7 @@ def test_verdict_rule():
 
 
 def test_cli_json_and_exit_codes(pair, capsys):
-    bad = variant(pair, "shifted_cli", shifted)
+    bad = variant(pair, "shifted capture")
     common = ["--data", str(pair / "sample.txt"), "--steps", "2", "--max-examples", "16", "--max-len", "48",
               "--prompt-tokens", "8", "--acceptance-prompts", "0"]
     rc = cli_main(["doctor", "--target", str(pair / "target"), "--draft", str(bad), "--json"] + common)
@@ -163,14 +142,19 @@ def test_cli_json_and_exit_codes(pair, capsys):
 
 def test_write_fingerprint_after_a_healthy_verdict(pair):
     from eagle3_ext import Eagle3DraftModel
-    plain = variant(pair, "nofp", lambda path, config: None, keep_fingerprint=False)
+    plain = pair / "nofp"  # healthy, without the fingerprint the trainer wrote
+    shutil.rmtree(plain, ignore_errors=True)
+    shutil.copytree(pair / "draft", plain, ignore=shutil.ignore_patterns(*NOT_COPIED))
+    config = json.loads((plain / "config.json").read_text())
+    config["eagle3_ext"].pop("fingerprint")
+    (plain / "config.json").write_text(json.dumps(config))
     assert Eagle3DraftModel.from_pretrained(str(plain)).config.fingerprint is None
     report = run(pair, plain, write_fingerprint=True, acceptance_prompts=0)
     assert report.healthy, report.verdict
     fp = Eagle3DraftModel.from_pretrained(str(plain)).config.fingerprint
     assert fp is not None and fp["aux_layer_ids"] == TRAINED_ON
     with pytest.raises(ValueError, match="not HEALTHY"):
-        run(pair, variant(pair, "nofp_shifted", shifted, keep_fingerprint=False), write_fingerprint=True,
+        run(pair, variant(pair, "shifted capture, no fingerprint"), write_fingerprint=True,
             acceptance_prompts=0)
 
 
@@ -204,7 +188,7 @@ def test_rope_and_context_mismatches_are_warned(pair):
     def edit(path, config):
         config["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
         config["max_position_embeddings"] = 64
-    report = run(pair, variant(pair, "rope", edit), acceptance_prompts=0)
+    report = run(pair, edited_copy(str(pair / "draft"), str(pair / "rope"), edit), acceptance_prompts=0)
     checks = {f.check: f for f in report.findings}
     assert checks["rope"].status == "warning" and "rope scaling differs" in checks["rope"].message
     assert checks["context"].status == "warning" and "(64) is shorter than the target's (512)" in checks["context"].message
