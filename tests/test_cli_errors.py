@@ -75,6 +75,7 @@ def test_bad_input_raised_by_the_library_is_one_line_and_exit_2(monkeypatch, tmp
     rc, err = _convert_raising(BadInputError("m.gguf: not a model GGUF file"), monkeypatch, tmp_path, capsys)
     assert _is_bad_input_line(rc, err, "convert"), err
     assert err.strip() == "eagle3 convert: error: m.gguf: not a model GGUF file"
+    gguf = tmp_path / "m.gguf"
     rc, err = _run(["-v", "convert", str(gguf), str(tmp_path / "out")], capsys)  # -v adds the traceback
     assert rc == 2 and "Traceback" in err and err.strip().endswith("error: m.gguf: not a model GGUF file")
 

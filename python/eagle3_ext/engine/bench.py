@@ -373,6 +373,8 @@ def _cost_cell(cost: Dict[str, float]) -> str:
 
 
 def _identical_cell(row: Dict[str, Any]) -> str:
+    if row["identical"] is None:  # another precision (llama.cpp's bf16, a quantized file): not compared
+        return "not compared"
     if row["identical"]:
         return "yes"
     if row.get("lossless"):
@@ -421,6 +423,15 @@ def markdown(report: Dict[str, Any]) -> str:
             elif r.get("compiled"):
                 lines.append(f"{r['method']}: verify forward and draft loop compiled, {r['compile_s']:.1f} s of "
                              f"compilation, {r['timed_compile_s']:.1f} s of it in the timed calls (in their time).")
+            if "llama_cpp" in r:  # a row of the llama.cpp build: which build, file and threads
+                files = r.get("gguf") or f"draft {r.get('draft_gguf')}"
+                kind = f", file type {r['file_type']}" if "file_type" in r else ""
+                lines.append(f"{r['method']}: {r['llama_cpp']}, {r['threads']} threads, {files}{kind}.")
+            if "sweep" in r:
+                sweep = ", ".join(f"{name} {s['tokens_per_s']:.1f} tokens/s (acceptance {s['acceptance_length']:.2f})"
+                                  for name, s in r["sweep"].items())
+                lines.append(f"{r['method']}: --spec-draft-n-max {r['draft_max']} was fastest of {sweep}; llama.cpp read "
+                             f"the draft's captured layers as {r['target_layers']}, trained on {r['draft_aux_layers']}.")
             if "convert_s" in r:
                 lines.append(f"{r['method']}: the target as f32 GGUF ({r['convert_s']:.1f} s to convert or find), "
                              f"{r['threads']} threads.")
