@@ -24,6 +24,11 @@ def test_build_info_reports_versions_and_cuda():
         assert "90a" in info["cuda_archs"]
 
 
+def test_the_version_is_the_installed_distribution_s():
+    from importlib.metadata import version
+    assert eagle3_ext.__version__ == version("eagle3_ext")  # pyproject.toml's, as installed
+
+
 @pytest.mark.skipif(os.environ.get("EAGLE3_EXPECT_CUDA") != "1",
                     reason="set by `make test` with TORCH=cuda, where the CUDA kernels must build")
 def test_cuda_kernels_compiled_when_expected():

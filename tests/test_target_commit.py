@@ -4,7 +4,7 @@ nodes already in place are not moved."""
 import pytest
 import torch
 
-from eagle3_ext.engine.capture import AuxHiddenCapture
+from eagle3_ext.capture import AuxHiddenCapture
 from eagle3_ext.engine.target import TargetRunner
 from tiny_models import make_target
 

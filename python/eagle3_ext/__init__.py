@@ -22,8 +22,7 @@ from .ops import (
     tree_attention_paged,
     verify_tree_greedy,
 )
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def build_info() -> dict:

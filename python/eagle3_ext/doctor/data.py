@@ -15,6 +15,7 @@ from typing import List, Sequence
 import torch
 
 from ..errors import BadInputError
+from ..train.data import Example, load_examples
 
 SAMPLE_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample.txt")
 
@@ -30,7 +31,6 @@ class EvalData:
 
 
 def _text_ids(paths: Sequence[str], tokenizer) -> List[int]:
-    from ..train.data import load_examples
     ids: List[int] = []
     for e in load_examples(paths, tokenizer, max_len=1 << 20):
         ids.extend(e.input_ids.tolist())
@@ -41,7 +41,6 @@ def self_generated(target, tokenizer, paths: Sequence[str], num_sequences: int, 
                    new_tokens: int, batch_size: int = 16) -> EvalData:
     """``num_sequences`` prompts of ``prompt_tokens`` tokens, spread over the text, each continued
     by ``new_tokens`` greedy target tokens; the continuations are scored (up to an EOS)."""
-    from ..train.data import Example
 
     ids = _text_ids(paths, tokenizer)
     if len(ids) < prompt_tokens:
@@ -72,5 +71,4 @@ def self_generated(target, tokenizer, paths: Sequence[str], num_sequences: int, 
 
 def from_text(tokenizer, paths: Sequence[str], max_len: int, max_sequences: int) -> EvalData:
     """The text itself, in windows of ``max_len`` tokens, every token scored."""
-    from ..train.data import load_examples
     return EvalData(load_examples(paths, tokenizer, max_len)[:max_sequences], "text")

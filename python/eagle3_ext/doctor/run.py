@@ -31,11 +31,16 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .. import validation
+from ..capture import AuxHiddenCapture
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import config_fix, describe_fix, resolve_aux_layer_ids, target_dims
 from ..draft.checkpoint import FINGERPRINT_NAME, config_from_dict, read_checkpoint
+from ..engine.config import TreeConfig
+from ..engine.generator import SpeculativeGenerator
 from ..engine.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
 from ..errors import BadInputError, BadInputTypeError
+from ..train.data import collate
+from ..train.ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
 from .candidates import Setup, candidate_layer_sets, flag_setups, variant
 from .data import SAMPLE_TEXT, EvalData, from_text, self_generated
 from .evidence import paired_difference
@@ -202,9 +207,6 @@ class Doctor:
     def measure(self, setups: List[Setup], data: EvalData) -> Dict[str, Dict[str, Any]]:
         """Per setup: per-sequence per-token loss and hit tensors over the commonly scored tokens,
         plus the aggregate acc_i and loss."""
-        from ..engine.capture import AuxHiddenCapture
-        from ..train.data import collate
-        from ..train.ttt import StepAccuracy, target_pass, ttt_forward
 
         indices = sorted({i for s in setups for i in s.aux_layer_ids})
         models = {s.name: variant(self.draft, s) for s in setups}
@@ -248,7 +250,6 @@ class Doctor:
         if not setups:
             rep.add("aux layers (measured)", "fault", "no plausible aux-layer configuration fits the draft's fc")
             return
-        from ..train.ttt import expected_acceptance_length
         measured = self.measure(setups, data)
         reference = measured.get("configured")
         for s in setups:
@@ -317,8 +318,6 @@ class Doctor:
 
     # --- acceptance by speculative generation -------------------------------------------------
     def acceptance(self, data: EvalData) -> None:
-        from ..engine.config import TreeConfig
-        from ..engine.generator import SpeculativeGenerator
 
         if self.acceptance_prompts == 0:
             return

@@ -29,7 +29,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
+from ..capture import AuxHiddenCapture, find_decoder_layers
 from ..errors import BadInputError
+from .aux_layers import target_dims
 
 VERSION = 1
 PROBE_TOKENS = 64
@@ -95,7 +97,6 @@ class _ProbeDone(Exception):
 def probe_states(target, indices: Sequence[int], probe_ids: Sequence[int]) -> Dict[int, torch.Tensor]:
     """The target's hidden states [P, H] at ``indices`` (output_hidden_states convention) on the
     probe. The forward stops at the highest wanted layer; the lm_head never runs."""
-    from ..engine.capture import AuxHiddenCapture, find_decoder_layers
 
     device = target.get_input_embeddings().weight.device
     ids = torch.tensor([list(probe_ids)], dtype=torch.long, device=device)
@@ -121,7 +122,6 @@ def probe_states(target, indices: Sequence[int], probe_ids: Sequence[int]) -> Di
 
 def _target_shape(target) -> tuple:
     """(num_hidden_layers, hidden_size, vocab_size) of a loaded target."""
-    from .aux_layers import target_dims
     return target_dims(target.config)
 
 

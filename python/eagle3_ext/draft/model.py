@@ -16,6 +16,7 @@ from .. import ops
 from ..errors import BadInputError
 from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_layers, target_dims
 from .cache import Allocate, DraftKVCache
+from .checkpoint import load_draft, save_draft
 from .config import Eagle3DraftConfig
 from .few_rows import linear, linears
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -372,7 +373,6 @@ class Eagle3DraftModel(nn.Module):
     def from_pretrained(cls, path: str, target_config: Any = None) -> "Eagle3DraftModel":
         """Loads any supported checkpoint layout (EAGLE, SpecForge/SGLang, vLLM speculators,
         eagle3_ext); with ``target_config`` also resolves and validates against the target."""
-        from .checkpoint import load_draft
         return load_draft(cls, path, target_config)
 
     def save_pretrained(self, path: str, format: str = "eagle3_ext", safe_serialization: bool = True,
@@ -383,5 +383,4 @@ class Eagle3DraftModel(nn.Module):
         format's ``speculators_config`` block. A convention the format cannot express is a
         ValueError naming it and the formats that can.
         """
-        from .checkpoint import save_draft
         save_draft(self, path, format, safe_serialization, verifier=verifier, speculative_tokens=speculative_tokens)

@@ -1,7 +1,8 @@
-"""The speculative decoding loop, one module per step: capture -> fc -> draft tree -> verify ->
-accept -> compact."""
+"""The speculative generator: ``SpeculativeGenerator`` and its options, the round it runs (drafting,
+lookup, the target's verify forward and commit, tree verification in ``eagle3_ext.tree``), the
+compile backends and the bench tools. docs/generation.md maps the modules."""
 
-from .capture import AuxHiddenCapture, find_decoder_layers
+from ..capture import AuxHiddenCapture, find_decoder_layers
 from .compile_options import CompileOptions
 from .config import SamplingConfig, TreeConfig
 from .generator import CaptureMismatchError, SpeculativeGenerateOutput, SpeculativeGenerator

@@ -32,13 +32,17 @@ import torch
 from .. import validation
 from ..dtypes import check_dtype_name
 from ..errors import BadInputError, BadInputTypeError
+from ..models import bundled_eval_prompts
 from ..peers import llama_cpp_build
 from . import bench_llama_cpp, bench_peers
 from .baseline import hf_generate
 from .compile_options import CompileOptions, compile_options
 from .config import TreeConfig
+from .divergence import first_divergence, fp32_reference
+from .generator import SpeculativeGenerator
 from .inputs import chat_prompt, uses_chat
 from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
+from .run import load_pair, resolve_models
 from .stats import GenerationStats
 
 
@@ -131,8 +135,6 @@ class BenchConfig:
 
 
 def run_bench(cfg: BenchConfig, progress: bool = True) -> Dict[str, Any]:
-    from .generator import SpeculativeGenerator
-    from .run import load_pair, resolve_models
 
     prompts = cfg.validate()
     target_dir, draft_dir = resolve_models(cfg.target, cfg.draft, cfg.dtype)
@@ -354,7 +356,6 @@ def round_cost(stats: GenerationStats, decode_step_s: float, tree: TreeConfig) -
 def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: List[List[int]]) -> Dict[str, Any]:
     """{"identical"}, and where outputs differ, each prompt's first divergence with its fp32 margin
     ("divergences") and whether every one is a near-tie ("lossless")."""
-    from .divergence import first_divergence, fp32_reference
 
     if ours == theirs:
         return {"identical": True, "lossless": True}
@@ -384,7 +385,6 @@ def _identical_cell(row: Dict[str, Any]) -> str:
 
 
 def _bundled_prompts() -> List[str]:
-    from ..models import bundled_eval_prompts
     return bundled_eval_prompts()
 
 
@@ -430,8 +430,9 @@ def markdown(report: Dict[str, Any]) -> str:
             if "sweep" in r:
                 sweep = ", ".join(f"{name} {s['tokens_per_s']:.1f} tokens/s (acceptance {s['acceptance_length']:.2f})"
                                   for name, s in r["sweep"].items())
-                lines.append(f"{r['method']}: --spec-draft-n-max {r['draft_max']} was fastest of {sweep}; llama.cpp read "
-                             f"the draft's captured layers as {r['target_layers']}, trained on {r['draft_aux_layers']}.")
+                lines.append(f"{r['method']}: --spec-draft-n-max {r['draft_max']} --spec-draft-p-min {r['p_min']:g} was "
+                             f"fastest of {sweep}; the cross-check is {r['cross_check']}; llama.cpp read the draft's "
+                             f"captured layers as {r['target_layers']}, trained on {r['draft_aux_layers']}.")
             if "convert_s" in r:
                 lines.append(f"{r['method']}: the target as f32 GGUF ({r['convert_s']:.1f} s to convert or find), "
                              f"{r['threads']} threads.")

@@ -4,11 +4,11 @@
 - ``llama_cpp``: the target converted to f32 by llama.cpp's own converter, plain decoding;
 - ``llama_cpp_bf16``: the same in bf16;
 - ``llama_cpp_eagle3``: the f32 target with this run's draft, converted to llama.cpp's EAGLE-3
-  format unchanged, chain drafting (llama.cpp has no trees): the fastest of ``draft_max``
-  (``--spec-draft-n-max``) values, every value kept in ``sweep``, plus ``chain<d>_p_min_0``:
-  a chain of ``cross_check_depth`` drafted without llama.cpp's confidence cut-off, whose
-  acceptance compares with this library's chain of the same depth as a cross-check of the
-  draft and of the capture convention;
+  format unchanged, chain drafting (llama.cpp has no trees), without a confidence cut-off
+  (``--spec-draft-p-min 0``, llama.cpp's default): the fastest of the ``draft_max``
+  (``--spec-draft-n-max``) values, one server each, every value kept in ``sweep``. Its
+  ``cross_check`` entry, a chain of ``CROSS_CHECK_DEPTH``, compares in acceptance with this
+  library's chain of the same depth: a check of the draft and of the capture convention;
 - ``llama_cpp_<type>``: the target's own GGUF file as given (SmolLM2's is Q4_1), another
   precision, reported apart.
 
@@ -25,16 +25,18 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..models.gguf_target import file_sha256
+from ..models.smollm2_source import shipped_gguf
 from ..peers.llama_cpp_build import LlamaCppBuild, convert_draft, convert_target, gguf_fields
 from ..peers.llama_cpp_server import Completion, LlamaServer
 
-DRAFT_MAX = (3, 5, 8)     # --spec-draft-n-max values tried for the llama_cpp_eagle3 row
+DRAFT_MAX = (1, 2, 3, 5)  # --spec-draft-n-max values tried for the llama_cpp_eagle3 row
 CROSS_CHECK_DEPTH = 5     # the chain compared with this library's chain of the same depth
 
 
-def _decode(server: LlamaServer, ids: List[List[int]], max_new_tokens: int, **options) -> List[Completion]:
-    server.complete(ids[0], 4, **options)  # warm-up: the first request pays one-off allocations
-    return [server.complete(p, max_new_tokens, **options) for p in ids]
+def _decode(server: LlamaServer, ids: List[List[int]], max_new_tokens: int) -> List[Completion]:
+    server.complete(ids[0], 4)  # warm-up: the first request pays one-off allocations
+    return [server.complete(p, max_new_tokens) for p in ids]
 
 
 def _row(method: str, done: List[Completion], base_rate: float, base_outputs: Optional[List[List[int]]],
@@ -62,8 +64,6 @@ def source_gguf(target: Optional[str], target_dir: str) -> Optional[str]:
         return None
     with open(provenance) as f:
         sha256 = json.load(f).get("sha256")
-    from ..models.gguf_target import file_sha256
-    from ..models.smollm2_source import shipped_gguf
     try:
         shipped = shipped_gguf()
     except OSError:
@@ -92,19 +92,16 @@ def llama_cpp_rows(build: LlamaCppBuild, target_dir: str, draft_dir: str, draft,
     draft_gguf = convert_draft(build, draft, draft_dir, target_dir, "f32")
     layers = gguf_fields(draft_gguf).get("eagle3.target_layers")
     sweep = {}
-    with LlamaServer(build, f32, threads, context, draft=draft_gguf, draft_max=max(draft_max)) as server:
-        for n in draft_max:
-            sweep[f"n_max_{n}"] = _row(f"n_max_{n}", _decode(server, ids, max_new_tokens, draft_max=n), base_rate,
-                                       base_outputs)
-            say(f"batch 1 llama_cpp_eagle3 n_max {n}: {sweep[f'n_max_{n}']['tokens_per_s']:.1f} tokens/s, "
-                f"acceptance length {sweep[f'n_max_{n}']['acceptance_length']:.2f}")
-        name = f"chain{CROSS_CHECK_DEPTH}_p_min_0"
-        sweep[name] = _row(name, _decode(server, ids, max_new_tokens, draft_max=CROSS_CHECK_DEPTH, p_min=0.0),
-                           base_rate, base_outputs)
-    best = max((k for k in sweep if k.startswith("n_max_")), key=lambda k: sweep[k]["tokens_per_s"])
+    for n in sorted(set(draft_max) | {CROSS_CHECK_DEPTH}):
+        with LlamaServer(build, f32, threads, context, draft=draft_gguf, draft_max=n, p_min=0.0) as server:
+            sweep[f"n_max_{n}"] = _row(f"n_max_{n}", _decode(server, ids, max_new_tokens), base_rate, base_outputs)
+        say(f"batch 1 llama_cpp_eagle3 n_max {n}: {sweep[f'n_max_{n}']['tokens_per_s']:.1f} tokens/s, "
+            f"acceptance length {sweep[f'n_max_{n}']['acceptance_length']:.2f}")
+    best = max((f"n_max_{n}" for n in draft_max), key=lambda k: sweep[k]["tokens_per_s"])
     rows["llama_cpp_eagle3"] = {**sweep[best], "method": "llama_cpp_eagle3", "draft_max": int(best.split("_")[-1]),
-                                "sweep": sweep, "draft_gguf": os.path.basename(draft_gguf),
-                                "target_layers": layers, "draft_aux_layers": list(draft.aux_layer_ids), **common}
+                                "p_min": 0.0, "sweep": sweep, "cross_check": f"n_max_{CROSS_CHECK_DEPTH}",
+                                "draft_gguf": os.path.basename(draft_gguf), "target_layers": layers,
+                                "draft_aux_layers": list(draft.aux_layer_ids), **common}
     if gguf is not None:
         kind = str(gguf_fields(gguf).get("general.file_type", "gguf"))
         name = f"llama_cpp_{_file_type_name(gguf)}"

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..peers.llama_cpp import LlamaCppGreedy, gguf_path, missing_reason
 from .baseline import hf_generate
 
 CACHE_LENGTH_MULTIPLE = 64  # the static cache's length, rounded up: prompt sets of similar length share it
@@ -58,7 +59,6 @@ def compiled_baseline_row(target, tok, groups: List[List[str]], max_new_tokens: 
 
 
 def llama_cpp_reason(target_dir: str) -> Optional[str]:
-    from ..peers.llama_cpp import missing_reason
 
     return missing_reason(target_dir)
 
@@ -67,7 +67,6 @@ def llama_cpp_row(target_dir: str, target, tok, groups: List[List[str]], max_new
                   base_outputs: List[List[int]], base_rate: float) -> Dict[str, Any]:
     """llama.cpp's greedy decoding of batch-1 groups from the same token ids (the GGUF conversion,
     once per checkpoint, is timed apart as ``convert_s``)."""
-    from ..peers.llama_cpp import LlamaCppGreedy, gguf_path
 
     started = time.perf_counter()
     path = gguf_path(target_dir)

@@ -18,20 +18,22 @@ from typing import List, Optional, Union
 
 import torch
 
+from .. import hf_attention
+from ..capture import AuxHiddenCapture
 from ..distributed import tp
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import describe_fix
 from ..errors import BadInputError
 from .architecture import check_served
 from .batch import Batch
-from .capture import AuxHiddenCapture
 from .compile_options import CompileOptions, compile_options
 from .compiled_draft import draft_capacity
 from .compiled_round import CompiledRound
 from .config import TreeConfig
 from .drafting import draft_cache_capacity
-from .memory import check_fits
 from .inputs import prepare
+from .loading import load_pair_for_generation
+from .memory import check_fits
 from .settings import GenerateSettings, resolve
 from .stats import GenerationStats
 
@@ -146,7 +148,6 @@ class SpeculativeGenerator:
         both run; ``tokenizer``: default, the target directory's; ``tree``: default TreeConfig();
         ``attention``, ``strict``, ``check_ranks``, ``compile``: as for the constructor.
         """
-        from .loading import load_pair_for_generation
         compile_options(compile)  # a bad value fails before the models load
         target_model, draft_model, tok = load_pair_for_generation(target, draft, tokenizer, dtype, draft_dtype, device)
         return cls(target_model, draft_model, tree or TreeConfig(), tokenizer=tok, attention=attention,
@@ -278,7 +279,6 @@ class SpeculativeGenerator:
         target.eval()
         draft.eval()
         if self.use_tree_attention:
-            from .. import hf_attention
             if attention != hf_attention.ATTENTION_NAME:
                 target.set_attn_implementation(hf_attention.register())
         try:

@@ -9,6 +9,8 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
+from ..distributed import tp
+from ..draft import Eagle3DraftModel
 from ..draft.checkpoint import read_config
 from ..dtypes import DTYPES, check_dtype_name, dtype_name
 from ..errors import BadInputError, BadInputTypeError
@@ -78,7 +80,6 @@ def load_target(path: str, dtype: Optional[torch.dtype], shard: bool = True):
     plan; without, a whole copy on every rank, as data parallelism wants it)."""
     from transformers import AutoModelForCausalLM
 
-    from ..distributed import tp
 
     check_target_dir(path)
     if shard and tp.is_distributed():
@@ -126,7 +127,6 @@ def load_pair_for_generation(target: Any, draft: Any, tokenizer: Any = None,
                              device: Union[None, str, torch.device] = None) -> Tuple[Any, Any, Any]:
     """(target model, draft model, tokenizer) from directories or loaded models; the draft is
     validated against the target and moved to its device."""
-    from ..draft import Eagle3DraftModel
 
     t_dtype, d_dtype = torch_dtype(dtype, "dtype"), torch_dtype(draft_dtype, "draft_dtype")
     device = check_device(device)

@@ -33,7 +33,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .capture import AuxHiddenCapture
+from ..capture import AuxHiddenCapture
+from ..version import __version__
 
 _TRACED_SOURCES = ("hf_attention.py", "engine/packaged_verify.py")
 
@@ -65,7 +66,6 @@ def package_key(weights: str, config_json: str, shapes: Tuple, aux_ids: Sequence
     import transformers
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    from .. import __version__
 
     root = Path(__file__).resolve().parent.parent
     h = hashlib.blake2b(digest_size=16)

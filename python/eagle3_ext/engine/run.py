@@ -6,12 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
+from ..distributed import tp
+from ..dtypes import check_dtype_name
 from ..errors import BadInputError
 from ..models import bundled_paths
 from ..models.gguf_target import resolve_target
+from ..validation import boolean, choice, integer, text
+from .baseline import hf_generate
 from .compile_options import CompileOptions, compile_options
 from .config import SamplingConfig, TreeConfig
+from .divergence import first_divergence
+from .generator import SpeculativeGenerator
 from .inputs import chat_prompt, uses_chat
+from .loading import load_pair_for_generation
+from .settings import MAX_SEED
 
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"
@@ -48,9 +56,6 @@ class GenerateRequest:
                                         # tokenizer has one)
 
     def __post_init__(self) -> None:
-        from ..dtypes import check_dtype_name
-        from ..validation import boolean, choice, integer, text
-        from .settings import MAX_SEED
 
         if self.prompt is not None:
             text("prompt", self.prompt)
@@ -109,14 +114,11 @@ def resolve_models(target: Optional[str], draft: Optional[str], dtype: str = "fl
 def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional[str] = None):
     """Target in ``dtype``; the draft in ``draft_dtype`` (None: as saved). The draft's dtype
     changes only how well it guesses, never the output: the target's numbers decide."""
-    from .loading import load_pair_for_generation
 
     return load_pair_for_generation(target_dir, draft_dir, None, dtype, draft_dtype)
 
 
 def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
-    from ..distributed import tp
-    from .generator import SpeculativeGenerator
 
     target_dir, draft_dir = resolve_models(req.target, req.draft, req.dtype)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
@@ -170,7 +172,6 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
 
 def baseline(target, tokenizer, prompt: str, req: GenerateRequest, tokens, spec_time_s: float) -> Dict[str, Any]:
     """Plain Hugging Face generate with the same settings, timed the same way."""
-    from .baseline import hf_generate
 
     sampled = req.temperature > 0
     extra: Dict[str, Any] = dict(do_sample=True, temperature=req.temperature, top_p=req.top_p,
@@ -183,7 +184,6 @@ def baseline(target, tokenizer, prompt: str, req: GenerateRequest, tokens, spec_
                               "speedup": elapsed / spec_time_s * len(tokens) / max(1, len(new))}
     result["identical"] = (new[: len(tokens)] == tokens) if not sampled else None
     if result["identical"] is False:
-        from .divergence import first_divergence
         result["divergence"] = first_divergence(target, tokenizer(prompt).input_ids, tokens, new)
     return result
 

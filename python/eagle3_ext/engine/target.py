@@ -27,9 +27,9 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
+from ..capture import AuxHiddenCapture
 from ..draft.cache import compact_rows
 from ..tree import DraftTree
-from .capture import AuxHiddenCapture
 from .compiled_verify import CompiledVerify
 from .half_gemm import float32_gemms
 

@@ -7,6 +7,7 @@ import os
 from typing import Optional, Tuple
 
 from ..errors import BadInputError, MissingPathError
+from ..prompts import load_prompts
 from .gguf_target import cached_target
 from .smollm2_source import shipped_gguf
 
@@ -55,5 +56,4 @@ def bundled_eval_prompts():
     """The held-out evaluation prompts shipped with the bundled pair, or a clear error if absent."""
     if not os.path.exists(EVAL_PROMPTS):
         raise MissingPathError(f"the bundled evaluation prompts are not installed ({EVAL_PROMPTS}); pass --prompts")
-    from ..prompts import load_prompts
     return load_prompts(EVAL_PROMPTS)

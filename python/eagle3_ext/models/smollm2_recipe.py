@@ -19,7 +19,10 @@ from typing import List, Optional
 
 import torch
 
+from ..draft import Eagle3DraftModel
 from ..dtypes import DTYPES
+from . import smollm2_prompts
+from .gguf_target import convert
 from .smollm2_source import shipped_gguf
 
 
@@ -35,7 +38,6 @@ def finished_draft(run_dir: str) -> str:
 def package(run_dir: str, out: str, dtype: str = "bfloat16") -> str:
     """Writes the run's draft to ``out`` in ``dtype`` (the embedding stays the target's, bound
     at load time), with the run's metrics beside it."""
-    from ..draft import Eagle3DraftModel
 
     draft = Eagle3DraftModel.from_pretrained(finished_draft(run_dir)).to(DTYPES[dtype])
     draft.save_pretrained(out)
@@ -66,13 +68,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     k.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     args = parser.parse_args(argv)
     if args.stage == "prompts":
-        from . import smollm2_prompts
 
         records = smollm2_prompts.build(args.count, args.seed)
         smollm2_prompts.write(records, args.out)
         print(f"{len(records)} prompts written to {args.out}")
     elif args.stage == "convert":
-        from .gguf_target import convert
 
         print(convert(args.gguf or shipped_gguf(), args.out, args.dtype))
     else:

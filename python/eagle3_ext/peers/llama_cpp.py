@@ -15,6 +15,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .gguf_export import check_convertible, export_gguf
+
 
 def missing_reason(target_dir: str) -> Optional[str]:
     """None when the llama.cpp row can run for ``target_dir``, otherwise why not."""
@@ -25,7 +27,6 @@ def missing_reason(target_dir: str) -> Optional[str]:
             __import__(module)
         except ImportError:
             return f"{module} is not installed (pip install llama-cpp-python gguf)"
-    from .gguf_export import check_convertible
 
     with open(os.path.join(target_dir, "config.json")) as f:
         try:
@@ -51,7 +52,6 @@ def gguf_path(target_dir: str, cache_dir: Optional[str] = None) -> str:
     the directory and each weight / config file's name, size and modification time, not its
     content: reading a large target's weights again on every bench run would cost more than the
     conversion saves."""
-    from .gguf_export import export_gguf
 
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "eagle3_gguf")
     os.makedirs(cache_dir, exist_ok=True)

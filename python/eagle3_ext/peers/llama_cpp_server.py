@@ -50,16 +50,21 @@ class LlamaServer:
         threads: CPU threads for generation and for prompt processing.
         context: the context length in tokens (prompt + new tokens of the longest request).
         draft: an EAGLE-3 draft GGUF (from ``convert_draft``), or None for plain decoding.
-        draft_max: draft tokens per round at most (``--spec-draft-n-max``; per request too).
+        draft_max: draft tokens per round at most (``--spec-draft-n-max``).
+        p_min: llama.cpp's confidence cut-off (``--spec-draft-p-min``): a chain stops at a draft
+            token of lower probability; 0 (llama.cpp's default) drafts ``draft_max`` tokens a round.
+
+    Both are fixed per process: this llama.cpp's server ignores the per-request speculative
+    fields (its schema compiles them out), so each setting needs a server of its own.
     """
 
     def __init__(self, build: LlamaCppBuild, model: str, threads: int, context: int, draft: Optional[str] = None,
-                 draft_max: int = 5):
+                 draft_max: int = 5, p_min: float = 0.0):
         self.command = [build.binary("llama-server"), "-m", model, "-t", str(threads), "-tb", str(threads),
                         "-c", str(context), "-np", "1", "--host", "127.0.0.1", "--no-webui"]
         if draft is not None:
             self.command += ["-md", draft, "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(draft_max),
-                             "-td", str(threads), "-tbd", str(threads)]
+                             "--spec-draft-p-min", str(p_min), "-td", str(threads), "-tbd", str(threads)]
         self.process: Optional[subprocess.Popen] = None
         self.url = ""
         self.log = None
@@ -104,18 +109,11 @@ class LlamaServer:
         with open(self.log.name) as f:
             return "".join(f.readlines()[-lines:])
 
-    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int, draft_max: Optional[int] = None,
-                 p_min: Optional[float] = None) -> Completion:
+    def complete(self, prompt_ids: Sequence[int], max_new_tokens: int) -> Completion:
         """Greedy decoding of ``prompt_ids`` up to ``max_new_tokens`` (or an end-of-generation
-        token, kept). For this request only: ``draft_max`` draft tokens per round at most,
-        ``p_min`` llama.cpp's cut-off (a chain stops at a draft token of lower probability;
-        0 drafts every token up to ``draft_max``)."""
+        token, kept)."""
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(max_new_tokens), "temperature": 0.0,
                 "top_k": 1, "samplers": ["top_k"], "cache_prompt": False, "return_tokens": True, "stream": False}
-        if draft_max is not None:
-            body["speculative.n_max"] = int(draft_max)
-        if p_min is not None:
-            body["speculative.p_min"] = float(p_min)
         request = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:

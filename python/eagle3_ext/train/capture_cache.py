@@ -28,6 +28,7 @@ from .cache import CONFIG_DIR, FORMAT, MANIFEST, PARTS, VERSION, bytes_per_token
 from .data import batches
 from .layout import make_layout
 from .target_source import OnlineTarget, full_tensor, split_examples, vocab_mapping_for
+from .trainer import TrainConfig
 
 HEAD_MODES = ("auto", "hidden", "logits")
 
@@ -54,7 +55,6 @@ class CaptureConfig:
     progress: bool = True
 
     def validate(self) -> None:
-        from .trainer import TrainConfig
 
         # The options it shares with training are checked by the same code.
         TrainConfig(target=self.target, data=self.data, out=self.out, aux_layers=self.aux_layers,

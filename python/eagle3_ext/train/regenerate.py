@@ -50,9 +50,11 @@ import torch
 from .. import validation
 from ..distributed import tp
 from ..dtypes import DTYPES, check_dtype_name
+from ..engine.baseline import hf_generate
 from ..engine.config import SamplingConfig
+from ..engine.generator import SpeculativeGenerator
+from ..engine.loading import check_device, default_device, load_target, load_tokenizer
 from ..engine.settings import MAX_SEED
-from ..engine.loading import default_device
 from ..errors import BadInputError, BadInputTypeError
 from .data import jsonl_records
 
@@ -110,7 +112,6 @@ class RegenerateConfig:
         validation.integer("seed", self.seed, 0, MAX_SEED)
         check_dtype_name("dtype", self.dtype)
         if self.device is not None:
-            from ..engine.loading import check_device
             check_device(self.device)
         validation.boolean("progress", self.progress)
 
@@ -359,14 +360,12 @@ def make_responder(config: RegenerateConfig, target, tokenizer, device: torch.de
         options = dict(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
     options["eos_token_id"] = _eos_ids(target, tokenizer) or None
     if config.draft is None:
-        from ..engine.baseline import hf_generate
 
         def respond(prompts: List[List[int]], seed: int) -> List[List[int]]:
             return hf_generate(target, tokenizer, prompts, config.max_new_tokens,
                                seed=seed if config.sampling else None, **options)[0]
         return respond
 
-    from ..engine.generator import SpeculativeGenerator
 
     # check_ranks off: under torchrun the ranks are data parallel, each on other prompts.
     generator = SpeculativeGenerator.from_pretrained(target, config.draft, tokenizer=tokenizer, device=device,
@@ -521,7 +520,6 @@ def regenerate(config: RegenerateConfig) -> Dict[str, Any]:
     share and returns when the share is written."""
     from tqdm.auto import tqdm
 
-    from ..engine.loading import load_target, load_tokenizer
 
     config.validate()
     out, rank, world = os.fspath(config.out), tp.rank(), tp.world_size()

@@ -13,9 +13,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..capture import AuxHiddenCapture
+from ..distributed import tp
 from ..draft import eagle_default_aux_layers, fingerprint
 from ..draft.aux_layers import target_dims
-from ..engine.capture import AuxHiddenCapture
 from ..engine.loading import check_context, load_target, load_tokenizer
 from ..errors import BadInputError
 from .data import Example, collate, load_examples
@@ -54,7 +55,6 @@ class OnlineTarget:
     group (transformers' plan); its captured states and logits are full width on every rank."""
 
     def __init__(self, path: str, dtype: torch.dtype, max_len: int, layout, device=None):
-        from ..distributed import tp
 
         self.path = path
         if layout.tp_size > 1:  # (transformers places the shards on the local rank's device)

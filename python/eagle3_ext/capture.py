@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence
 import torch
 from torch import nn
 
-from ..errors import BadInputError
+from .errors import BadInputError
 
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
