@@ -10,7 +10,6 @@ build these tests skip with the reason; the rest (finding the build, reporting, 
 runs everywhere."""
 
 import json
-import os
 import stat
 
 import pytest

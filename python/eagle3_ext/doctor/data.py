@@ -41,7 +41,6 @@ def self_generated(target, tokenizer, paths: Sequence[str], num_sequences: int, 
                    new_tokens: int, batch_size: int = 16) -> EvalData:
     """``num_sequences`` prompts of ``prompt_tokens`` tokens, spread over the text, each continued
     by ``new_tokens`` greedy target tokens; the continuations are scored (up to an EOS)."""
-
     ids = _text_ids(paths, tokenizer)
     if len(ids) < prompt_tokens:
         raise BadInputError(f"the doctor's sample text has {len(ids)} tokens; at least {prompt_tokens} are needed to "

@@ -207,7 +207,6 @@ class Doctor:
     def measure(self, setups: List[Setup], data: EvalData) -> Dict[str, Dict[str, Any]]:
         """Per setup: per-sequence per-token loss and hit tensors over the commonly scored tokens,
         plus the aggregate acc_i and loss."""
-
         indices = sorted({i for s in setups for i in s.aux_layer_ids})
         models = {s.name: variant(self.draft, s) for s in setups}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -318,7 +317,6 @@ class Doctor:
 
     # --- acceptance by speculative generation -------------------------------------------------
     def acceptance(self, data: EvalData) -> None:
-
         if self.acceptance_prompts == 0:
             return
         prompts = [e.input_ids[:self.prompt_tokens].tolist() for e in data.sequences][: self.acceptance_prompts]

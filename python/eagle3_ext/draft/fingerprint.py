@@ -97,7 +97,6 @@ class _ProbeDone(Exception):
 def probe_states(target, indices: Sequence[int], probe_ids: Sequence[int]) -> Dict[int, torch.Tensor]:
     """The target's hidden states [P, H] at ``indices`` (output_hidden_states convention) on the
     probe. The forward stops at the highest wanted layer; the lm_head never runs."""
-
     device = target.get_input_embeddings().weight.device
     ids = torch.tensor([list(probe_ids)], dtype=torch.long, device=device)
     layers = find_decoder_layers(target)

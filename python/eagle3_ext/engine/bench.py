@@ -34,6 +34,7 @@ from ..dtypes import check_dtype_name
 from ..errors import BadInputError, BadInputTypeError
 from ..models import bundled_eval_prompts
 from ..peers import llama_cpp_build
+from ..peers.llama_cpp import missing_reason as llama_cpp_missing_reason
 from . import bench_llama_cpp, bench_peers
 from .baseline import hf_generate
 from .compile_options import CompileOptions, compile_options
@@ -90,7 +91,7 @@ class BenchConfig:
                                         f"{self.prompts!r}")
             for i, prompt in enumerate(self.prompts):
                 validation.text(f"prompts[{i}]", prompt)
-        prompts = list(self.prompts) if self.prompts is not None else _bundled_prompts()
+        prompts = list(self.prompts) if self.prompts is not None else bundled_eval_prompts()
         if self.num_prompts is not None:
             validation.integer("num_prompts", self.num_prompts, 1, len(prompts))
             prompts = prompts[:self.num_prompts]
@@ -320,7 +321,7 @@ def _peer_rows(cfg: BenchConfig, models: tuple, target, tok, groups, base_output
             left_out["llama_cpp"] = str(e)
             if progress:
                 print(f"llama.cpp rows left out: {e}", file=sys.stderr, flush=True)
-    elif (fallback := bench_peers.llama_cpp_reason(target_dir)) is None:  # plain decoding by llama-cpp-python
+    elif (fallback := llama_cpp_missing_reason(target_dir)) is None:  # plain decoding by llama-cpp-python
         rows["llama_cpp"] = bench_peers.llama_cpp_row(target_dir, target, tok, groups, cfg.max_new_tokens,
                                                       base_outputs, base_rate)
     else:
@@ -356,7 +357,6 @@ def round_cost(stats: GenerationStats, decode_step_s: float, tree: TreeConfig) -
 def _compare(target, tok, prompts: List[str], ours: List[List[int]], theirs: List[List[int]]) -> Dict[str, Any]:
     """{"identical"}, and where outputs differ, each prompt's first divergence with its fp32 margin
     ("divergences") and whether every one is a near-tie ("lossless")."""
-
     if ours == theirs:
         return {"identical": True, "lossless": True}
     found, reference = [], fp32_reference(target)  # one fp32 copy for every prompt
@@ -382,10 +382,6 @@ def _identical_cell(row: Dict[str, Any]) -> str:
         worst = max(row["divergences"], key=lambda d: d["margin"])
         return f"near-tie ({len(row['divergences'])} prompts, margin <= {worst['margin']:.3f})"
     return "NO"
-
-
-def _bundled_prompts() -> List[str]:
-    return bundled_eval_prompts()
 
 
 def markdown(report: Dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from ..peers.llama_cpp_server import Completion, LlamaServer
 
 DRAFT_MAX = (1, 2, 3, 5)  # --spec-draft-n-max values tried for the llama_cpp_eagle3 row
 CROSS_CHECK_DEPTH = 5     # the chain compared with this library's chain of the same depth
+P_MIN = 0.0               # --spec-draft-p-min: no confidence cut-off (llama.cpp's default)
 
 
 def _decode(server: LlamaServer, ids: List[List[int]], max_new_tokens: int) -> List[Completion]:
@@ -93,13 +94,13 @@ def llama_cpp_rows(build: LlamaCppBuild, target_dir: str, draft_dir: str, draft,
     layers = gguf_fields(draft_gguf).get("eagle3.target_layers")
     sweep = {}
     for n in sorted(set(draft_max) | {CROSS_CHECK_DEPTH}):
-        with LlamaServer(build, f32, threads, context, draft=draft_gguf, draft_max=n, p_min=0.0) as server:
+        with LlamaServer(build, f32, threads, context, draft=draft_gguf, draft_max=n, p_min=P_MIN) as server:
             sweep[f"n_max_{n}"] = _row(f"n_max_{n}", _decode(server, ids, max_new_tokens), base_rate, base_outputs)
         say(f"batch 1 llama_cpp_eagle3 n_max {n}: {sweep[f'n_max_{n}']['tokens_per_s']:.1f} tokens/s, "
             f"acceptance length {sweep[f'n_max_{n}']['acceptance_length']:.2f}")
     best = max((f"n_max_{n}" for n in draft_max), key=lambda k: sweep[k]["tokens_per_s"])
     rows["llama_cpp_eagle3"] = {**sweep[best], "method": "llama_cpp_eagle3", "draft_max": int(best.split("_")[-1]),
-                                "p_min": 0.0, "sweep": sweep, "cross_check": f"n_max_{CROSS_CHECK_DEPTH}",
+                                "p_min": P_MIN, "sweep": sweep, "cross_check": f"n_max_{CROSS_CHECK_DEPTH}",
                                 "draft_gguf": os.path.basename(draft_gguf), "target_layers": layers,
                                 "draft_aux_layers": list(draft.aux_layer_ids), **common}
     if gguf is not None:

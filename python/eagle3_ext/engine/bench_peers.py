@@ -14,11 +14,11 @@ Each row has the same fields as the other rows; speedups stay against plain gene
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
-from ..peers.llama_cpp import LlamaCppGreedy, gguf_path, missing_reason
+from ..peers.llama_cpp import LlamaCppGreedy, gguf_path
 from .baseline import hf_generate
 
 CACHE_LENGTH_MULTIPLE = 64  # the static cache's length, rounded up: prompt sets of similar length share it
@@ -58,16 +58,10 @@ def compiled_baseline_row(target, tok, groups: List[List[str]], max_new_tokens: 
                 recompiles=counters["stats"]["unique_graphs"] - graphs_before, cache_length=cache_len)
 
 
-def llama_cpp_reason(target_dir: str) -> Optional[str]:
-
-    return missing_reason(target_dir)
-
-
 def llama_cpp_row(target_dir: str, target, tok, groups: List[List[str]], max_new_tokens: int,
                   base_outputs: List[List[int]], base_rate: float) -> Dict[str, Any]:
     """llama.cpp's greedy decoding of batch-1 groups from the same token ids (the GGUF conversion,
     once per checkpoint, is timed apart as ``convert_s``)."""
-
     started = time.perf_counter()
     path = gguf_path(target_dir)
     convert_s = time.perf_counter() - started

@@ -80,7 +80,6 @@ def load_target(path: str, dtype: Optional[torch.dtype], shard: bool = True):
     plan; without, a whole copy on every rank, as data parallelism wants it)."""
     from transformers import AutoModelForCausalLM
 
-
     check_target_dir(path)
     if shard and tp.is_distributed():
         return tp.load_target(path, dtype or torch.float32)
@@ -127,7 +126,6 @@ def load_pair_for_generation(target: Any, draft: Any, tokenizer: Any = None,
                              device: Union[None, str, torch.device] = None) -> Tuple[Any, Any, Any]:
     """(target model, draft model, tokenizer) from directories or loaded models; the draft is
     validated against the target and moved to its device."""
-
     t_dtype, d_dtype = torch_dtype(dtype, "dtype"), torch_dtype(draft_dtype, "draft_dtype")
     device = check_device(device)
     if isinstance(target, (str, os.PathLike)):

@@ -66,7 +66,6 @@ def package_key(weights: str, config_json: str, shapes: Tuple, aux_ids: Sequence
     import transformers
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-
     root = Path(__file__).resolve().parent.parent
     h = hashlib.blake2b(digest_size=16)
     parts = (weights, config_json, shapes, tuple(aux_ids), sorted(settings.items()), torch.__version__,

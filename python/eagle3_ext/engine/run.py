@@ -56,7 +56,6 @@ class GenerateRequest:
                                         # tokenizer has one)
 
     def __post_init__(self) -> None:
-
         if self.prompt is not None:
             text("prompt", self.prompt)
         integer("max_new_tokens", self.max_new_tokens, 1)
@@ -114,7 +113,6 @@ def resolve_models(target: Optional[str], draft: Optional[str], dtype: str = "fl
 def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional[str] = None):
     """Target in ``dtype``; the draft in ``draft_dtype`` (None: as saved). The draft's dtype
     changes only how well it guesses, never the output: the target's numbers decide."""
-
     return load_pair_for_generation(target_dir, draft_dir, None, dtype, draft_dtype)
 
 
@@ -172,7 +170,6 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
 
 def baseline(target, tokenizer, prompt: str, req: GenerateRequest, tokens, spec_time_s: float) -> Dict[str, Any]:
     """Plain Hugging Face generate with the same settings, timed the same way."""
-
     sampled = req.temperature > 0
     extra: Dict[str, Any] = dict(do_sample=True, temperature=req.temperature, top_p=req.top_p,
                                  top_k=req.top_k) if sampled else {}

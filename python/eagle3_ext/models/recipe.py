@@ -234,7 +234,6 @@ def make_prompts(out: str, count: int = 48, seed: int = 0) -> str:
 def install(out: str, package_dir: str | None = None) -> Dict[str, int]:
     """Copies OUT/target and the prompts into the package's models/ and writes OUT/draft there in
     bfloat16 (training keeps fp32 master weights; bf16 halves what ships). Returns bytes per file."""
-
     dest = package_dir or os.path.dirname(os.path.abspath(__file__))
     for name in ("target", "draft"):
         if os.path.exists(os.path.join(dest, name)):

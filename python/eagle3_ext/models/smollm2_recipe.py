@@ -38,7 +38,6 @@ def finished_draft(run_dir: str) -> str:
 def package(run_dir: str, out: str, dtype: str = "bfloat16") -> str:
     """Writes the run's draft to ``out`` in ``dtype`` (the embedding stays the target's, bound
     at load time), with the run's metrics beside it."""
-
     draft = Eagle3DraftModel.from_pretrained(finished_draft(run_dir)).to(DTYPES[dtype])
     draft.save_pretrained(out)
     metrics = os.path.join(run_dir, "metrics.json")
@@ -68,12 +67,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     k.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     args = parser.parse_args(argv)
     if args.stage == "prompts":
-
         records = smollm2_prompts.build(args.count, args.seed)
         smollm2_prompts.write(records, args.out)
         print(f"{len(records)} prompts written to {args.out}")
     elif args.stage == "convert":
-
         print(convert(args.gguf or shipped_gguf(), args.out, args.dtype))
     else:
         print(package(args.draft, args.out, args.dtype))

@@ -52,7 +52,6 @@ def gguf_path(target_dir: str, cache_dir: Optional[str] = None) -> str:
     the directory and each weight / config file's name, size and modification time, not its
     content: reading a large target's weights again on every bench run would cost more than the
     conversion saves."""
-
     cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "eagle3_gguf")
     os.makedirs(cache_dir, exist_ok=True)
     path = os.path.join(cache_dir, f"{checkpoint_key(target_dir)}-f32.gguf")

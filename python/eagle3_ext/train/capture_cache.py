@@ -55,7 +55,6 @@ class CaptureConfig:
     progress: bool = True
 
     def validate(self) -> None:
-
         # The options it shares with training are checked by the same code.
         TrainConfig(target=self.target, data=self.data, out=self.out, aux_layers=self.aux_layers,
                     draft_vocab_size=self.draft_vocab_size, max_len=self.max_len, dtype=self.dtype,

@@ -360,12 +360,10 @@ def make_responder(config: RegenerateConfig, target, tokenizer, device: torch.de
         options = dict(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k)
     options["eos_token_id"] = _eos_ids(target, tokenizer) or None
     if config.draft is None:
-
         def respond(prompts: List[List[int]], seed: int) -> List[List[int]]:
             return hf_generate(target, tokenizer, prompts, config.max_new_tokens,
                                seed=seed if config.sampling else None, **options)[0]
         return respond
-
 
     # check_ranks off: under torchrun the ranks are data parallel, each on other prompts.
     generator = SpeculativeGenerator.from_pretrained(target, config.draft, tokenizer=tokenizer, device=device,
@@ -519,7 +517,6 @@ def regenerate(config: RegenerateConfig) -> Dict[str, Any]:
     rank 0 reports the whole run and returns once ``out`` is complete; another rank reports its
     share and returns when the share is written."""
     from tqdm.auto import tqdm
-
 
     config.validate()
     out, rank, world = os.fspath(config.out), tp.rank(), tp.world_size()

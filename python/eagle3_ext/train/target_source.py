@@ -55,7 +55,6 @@ class OnlineTarget:
     group (transformers' plan); its captured states and logits are full width on every rank."""
 
     def __init__(self, path: str, dtype: torch.dtype, max_len: int, layout, device=None):
-
         self.path = path
         if layout.tp_size > 1:  # (transformers places the shards on the local rank's device)
             self.model = tp.load_target(path, dtype, tp_size=layout.tp_size, dp_replicate=layout.dp_size)
