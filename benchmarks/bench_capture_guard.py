@@ -22,7 +22,7 @@ def main() -> None:
 
     from eagle3_ext import Eagle3DraftModel
     from eagle3_ext.draft import fingerprint
-    from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+    from eagle3_ext.api import SpeculativeGenerator, TreeConfig
     from eagle3_ext.models import bundled_paths
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

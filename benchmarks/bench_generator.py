@@ -54,9 +54,9 @@ def main(argv=None) -> int:
     if (args.target is None) != (args.draft is None):
         parser.error("give both --target and --draft, or neither")
 
-    from eagle3_ext.engine import GenerationStats, SpeculativeGenerator, TreeConfig
-    from eagle3_ext.engine.baseline import hf_generate
-    from eagle3_ext.engine.run import load_pair
+    from eagle3_ext.api import GenerationStats, SpeculativeGenerator, TreeConfig
+    from eagle3_ext.bench.baseline import hf_generate
+    from eagle3_ext.bench.generate_job import load_pair
 
     workdir = tempfile.mkdtemp()
     target_dir, draft_dir = (args.target, args.draft) if args.target else small_pair(workdir)

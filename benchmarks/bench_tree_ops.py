@@ -22,7 +22,8 @@ import sys
 import torch
 
 import eagle3_ext
-from eagle3_ext import reference, tree
+from eagle3_ext import reference
+from eagle3_ext.decoding import tree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import compare, device_roofline  # noqa: E402

@@ -5,7 +5,7 @@ counts, and Pearson's chi-square against the exact distribution."""
 import torch
 
 from eagle3_ext import Eagle3DraftModel
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
 from eagle3_ext.train.trainer import draft_config_for
 
 VOCAB = 8

@@ -1,4 +1,4 @@
-"""The acceptance bound (engine/acceptance_bound.py): against brute-force enumeration of the
+"""The acceptance bound (decoding/acceptance_bound.py): against brute-force enumeration of the
 target's samples, against the target-only verifier by Monte Carlo (which attains it), its
 accumulation in a sampled generation, and the sampled rows of ``eagle3 bench``."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import DEVICES
-from eagle3_ext.engine.acceptance_bound import acceptance_bound, tree_parents
-from eagle3_ext.tree import DraftTree, DraftStep, build_draft_tree, graft_chains, verify_sampling
+from eagle3_ext.decoding.acceptance_bound import acceptance_bound, tree_parents
+from eagle3_ext.decoding.tree import DraftTree, DraftStep, build_draft_tree, graft_chains, verify_sampling
 
 # A hand-built tree of 8 nodes, depth 3, over a vocabulary of 5:
 #   0 -> 1 (tok 2), 2 (tok 0), 3 (tok 4);  1 -> 4 (tok 1), 5 (tok 3);  4 -> 6 (tok 2);  2 -> 7 (tok 2)
@@ -212,10 +212,10 @@ def small_vocab_pair():
 
 
 def _sampled_stats(pair, verifier=None, monkeypatch=None, **kwargs):
-    from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+    from eagle3_ext.api import SpeculativeGenerator, TreeConfig
 
     if verifier is not None:
-        from eagle3_ext.engine import batch as batch_module
+        from eagle3_ext.decoding import batch as batch_module
         monkeypatch.setattr(batch_module, "verify_sampling", verifier)
     gen = SpeculativeGenerator(*pair, TreeConfig(depth=3, topk=2, num_draft_tokens=6, lookup_tokens=0),
                                attention="sdpa")
@@ -227,7 +227,7 @@ def _sampled_stats(pair, verifier=None, monkeypatch=None, **kwargs):
 def test_sampled_generation_accumulates_the_bound(small_vocab_pair, monkeypatch):
     import functools
 
-    from eagle3_ext import tree as tree_module
+    from eagle3_ext.decoding import tree as tree_module
 
     s = _sampled_stats(small_vocab_pair, do_sample=True, temperature=1.0, top_k=0)
     assert s.bound_rounds == s.request_rounds > 0 and len(s.depth_bound) == 3 and s.bound_time_s > 0
@@ -256,7 +256,7 @@ def test_greedy_generation_measures_no_bound(small_vocab_pair):
 
 
 def test_combined_stats_keep_the_bound():
-    from eagle3_ext.engine.stats import GenerationStats
+    from eagle3_ext.api.stats import GenerationStats
 
     a = GenerationStats(request_rounds=2, accepted_drafts=3, depth_accepted=[2, 1], bound_rounds=2,
                         depth_bound=[1.5, 0.5])
@@ -315,7 +315,7 @@ def test_bench_reports_the_bound_per_temperature(tiny_pair, capsys):
 
 
 def test_bench_sampling_options_are_checked():
-    from eagle3_ext.engine.bench import BenchConfig
+    from eagle3_ext.bench.suite import BenchConfig
 
     def check(**kwargs):
         BenchConfig(prompts=["def f():"], batch_sizes=[1], **kwargs).validate()

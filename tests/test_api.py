@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import eagle3_ext
-from eagle3_ext.engine.inputs import prepare
-from eagle3_ext.engine.settings import HF_DEFAULTS
-from eagle3_ext.engine.stopping import StopRule
+from eagle3_ext.api.inputs import prepare
+from eagle3_ext.api.settings import HF_DEFAULTS
+from eagle3_ext.api.stopping import StopRule
 from conftest import FAST_COMPILE
 from sampling_stats import chi_square, chi_square_bound, exact_joint, make_small_vocab_pair, sample_joint
 from recording_streamer import RecordingStreamer

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
+from eagle3_ext.bench.baseline import hf_generate
 from conftest import FAST_COMPILE
 from tiny_models import ARCH_SETTINGS, corpus, make_trained_pair
 
@@ -110,7 +110,7 @@ def test_compiled_is_identical_with_sliding_windows_and_a_soft_cap(tmp_path_fact
 def test_unservable_architectures_are_refused_by_name(model_type, feature):
     from types import SimpleNamespace
 
-    from eagle3_ext.engine.architecture import check_served
+    from eagle3_ext.preflight.architecture import check_served
     with pytest.raises(ValueError, match=f"cannot serve a {model_type} target exactly: it has .*{feature}"):
         check_served(SimpleNamespace(model_type=model_type))
 
@@ -118,7 +118,7 @@ def test_unservable_architectures_are_refused_by_name(model_type, feature):
 def test_unknown_layer_types_are_refused():
     from types import SimpleNamespace
 
-    from eagle3_ext.engine.architecture import check_served
+    from eagle3_ext.preflight.architecture import check_served
     config = SimpleNamespace(model_type="hybrid", layer_types=["full_attention", "linear_attention"])
     with pytest.raises(ValueError, match=r"layer_types include \['linear_attention'\]"):
         check_served(config)

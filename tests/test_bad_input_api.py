@@ -11,8 +11,8 @@ import torch
 import eagle3_ext
 from eagle3_ext import CompileOptions, Eagle3DraftConfig, Eagle3DraftModel, SpeculativeGenerator, TreeConfig, ops
 from eagle3_ext.doctor import diagnose
-from eagle3_ext.engine import memory
-from eagle3_ext.engine.bench import BenchConfig, run_bench
+from eagle3_ext.preflight import memory
+from eagle3_ext.bench.suite import BenchConfig, run_bench
 from eagle3_ext.models import bundled_paths
 from eagle3_ext.train import TrainConfig, train
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from eagle3_ext.cli import main as cli_main
-from eagle3_ext.engine.bench import sweep_configs
+from eagle3_ext.bench.suite import BenchConfig, sweep_configs
 from tiny_models import make_trained_pair
 
 
@@ -92,7 +92,7 @@ def test_bench_errors(pair, tmp_path, capsys):
 
 
 def test_draft_runs_in_its_own_dtype(pair, capsys):
-    from eagle3_ext.engine.bench import BenchConfig, run_bench
+    from eagle3_ext.bench.suite import BenchConfig, run_bench
 
     cfg = BenchConfig(target=str(pair / "target"), draft=str(pair / "draft"), prompts=["def print return"],
                       max_new_tokens=8, batch_sizes=(1,), out=str(pair / "bf16"), draft_dtype="bfloat16",
@@ -107,9 +107,9 @@ def test_draft_runs_in_its_own_dtype(pair, capsys):
 
 
 def test_round_cost_is_counted_in_decode_steps():
-    from eagle3_ext.engine.bench import round_cost
-    from eagle3_ext.engine.config import TreeConfig
-    from eagle3_ext.engine.stats import GenerationStats
+    from eagle3_ext.bench.suite import round_cost
+    from eagle3_ext.api.config import TreeConfig
+    from eagle3_ext.api.stats import GenerationStats
 
     s = GenerationStats(rounds=10, draft_time_s=0.2, tree_build_time_s=0.01, verify_time_s=0.5, accept_time_s=0.02,
                         compact_time_s=0.03, guard_time_s=0.04, total_time_s=1.0)
@@ -144,14 +144,14 @@ class _RecordingGenerator:
         self.calls = []
 
     def generate(self, prompts, max_new_tokens, return_dict_in_generate, **kwargs):
-        from eagle3_ext.engine.stats import GenerationStats
+        from eagle3_ext.api.stats import GenerationStats
 
         self.calls.append((list(prompts), max_new_tokens, kwargs))
         return type("Out", (), {"stats": GenerationStats()})()
 
 
 def test_compiled_warm_up_runs_every_group_then_every_smaller_batch():
-    from eagle3_ext.engine.bench import _warm_up
+    from eagle3_ext.bench.suite import _warm_up
 
     groups = [["a", "b", "c"], ["d", "e", "f"], ["g"]]
     gen = _RecordingGenerator(compiled=True)
@@ -163,3 +163,43 @@ def test_compiled_warm_up_runs_every_group_then_every_smaller_batch():
     eager = _RecordingGenerator(compiled=False)
     _warm_up(eager, groups, 16)
     assert [(p, n) for p, n, _ in eager.calls] == [(["a", "b", "c"], 4)]  # eager: nothing to compile
+
+
+def test_by_category_runs_each_category_as_its_own_set(pair, capsys):
+    """--by-category: each category's prompts are a run of their own (every method, its own
+    baseline), greedy and sampled, and the markdown adds one row per category and configuration."""
+    prompts = pair / "categorized.jsonl"
+    records = [("code", "def print return"), ("chat", "class value key"), ("code", "for while if else")]
+    prompts.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for c, p in records))
+    out = pair / "by_category"
+    rc = cli_main(["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts", str(prompts),
+                   "--by-category", "--max-new-tokens", "8", "--batch-sizes", "1", "--tree", "3,1,4",
+                   "--temperature", "0", "1.0", "--no-compiled-baseline", "--no-llama-cpp", "--out", str(out),
+                   "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    runs = [(r["category"], r["prompts"], r["temperature"]) for r in report["runs"]]
+    assert runs == [("code", 2, 0.0), ("code", 2, 1.0), ("chat", 1, 0.0), ("chat", 1, 1.0)]
+    for run in report["runs"]:
+        methods = {r["method"]: r for r in run["results"]}
+        assert methods["chain3"]["acceptance_length"] >= 1.0
+        if not run["temperature"]:
+            assert methods["chain3"]["identical"] is True and "hf_prompt_lookup" in methods
+    md = (out / "bench.md").read_text()
+    assert "**Per category, batch 1**" in md and "T = 1: vs HF sampling (acceptance length)" in md
+    rows = [line for line in md.splitlines() if line.startswith(("| code | chain3 |", "| chat | chain3 |"))]
+    assert len(rows) == 2 and all(row.count("|") == 10 for row in rows), rows
+    assert "**code (2 prompts), batch 1**" in md and "**chat (1 prompts), batch 1, sampling at temperature 1" in md
+
+
+def test_by_category_needs_categories(pair, tmp_path, capsys):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text(json.dumps({"prompt": "def print return"}) + "\n")
+    base = ["bench", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--by-category",
+            "--no-llama-cpp", "--out", str(tmp_path / "o")]
+    assert cli_main(base + ["--prompts", str(plain)]) == 2
+    assert 'prompt 1 has no "category"' in capsys.readouterr().err
+    assert cli_main(base) == 2
+    assert "--by-category needs --prompts" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="categories must be None or a list of one category name per prompt"):
+        BenchConfig(prompts=["a", "b"], categories=["chat"]).validate()

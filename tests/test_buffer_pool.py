@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle3_ext.draft.cache import compact_rows
-from eagle3_ext.engine.buffer_pool import BufferPool
+from eagle3_ext.compiled.buffer_pool import BufferPool
 
 
 def _static(t):

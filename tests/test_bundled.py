@@ -11,8 +11,8 @@ from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.draft import eagle_default_aux_layers
 from eagle3_ext.cli import main as cli_main
 from eagle3_ext.doctor import diagnose
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
+from eagle3_ext.bench.baseline import hf_generate
 from eagle3_ext.models import bundled_eval_prompts, bundled_paths, recipe
 
 SIZE_CAP = 40 * 10**6

@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from eagle3_ext.engine import AuxHiddenCapture, find_decoder_layers
+from eagle3_ext.api import AuxHiddenCapture, find_decoder_layers
 
 L = 5
 ARCHS = {

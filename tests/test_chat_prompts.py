@@ -5,8 +5,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3_ext import cli
-from eagle3_ext.engine.bench import BenchConfig
-from eagle3_ext.engine.inputs import chat_prompt
+from eagle3_ext.bench.suite import BenchConfig
+from eagle3_ext.api.inputs import chat_prompt
 from eagle3_ext.models import bundled_paths
 
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}" \

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from eagle3_ext import cli, cli_train
-from eagle3_ext import cli_types as T
+from eagle3_ext import cli
+from eagle3_ext.cli import train as cli_train
+from eagle3_ext.cli import types as T
 from eagle3_ext import validation
 from eagle3_ext.errors import (BadInput, BadInputError, BadInputTypeError, MissingPathError, PathExistsError,
                                UnreadablePathError)
@@ -119,7 +120,7 @@ def test_the_train_subcommands_tell_them_apart_too(monkeypatch, tmp_path, capsys
             raise (BadInputError if args.what == "bad" else KeyError)(args.what)
         return add, run
 
-    monkeypatch.setitem(cli_train.SUBCOMMANDS, "capture", ("planted", load))
+    monkeypatch.setitem(cli_train.SUBCOMMANDS, "capture", ("planted", *load()))
     rc, err = _run(["train", "capture", "--what", "bad"], capsys)
     assert _is_bad_input_line(rc, err, "train capture"), err
     rc, err = _run(["train", "capture", "--what", "bug"], capsys)

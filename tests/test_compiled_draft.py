@@ -6,10 +6,10 @@ against the draft's distribution, and the graphs against recompilation."""
 import pytest
 import torch
 
-from eagle3_ext.engine.compiled_draft import CompiledDraft, draft_capacity, pad_pairs, pairs_sizes
-from eagle3_ext.engine.compiled_verify import CAPACITY_MULTIPLE
-from eagle3_ext.engine.config import SamplingConfig, TreeConfig
-from eagle3_ext.engine.drafting import (DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend,
+from eagle3_ext.compiled.draft import CompiledDraft, draft_capacity, pad_pairs, pairs_sizes
+from eagle3_ext.compiled.verify import CAPACITY_MULTIPLE
+from eagle3_ext.api.config import SamplingConfig, TreeConfig
+from eagle3_ext.decoding.drafting import (DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend,
                                         extend_and_steps)
 from conftest import FAST_COMPILE
 from sampling_stats import chi_square_bound

@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from eagle3_ext.engine import CompileOptions, SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.baseline import hf_generate
-from eagle3_ext.engine.divergence import first_divergence, fp32_reference
-from eagle3_ext.engine.compiled_verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
+from eagle3_ext.api import CompileOptions, SpeculativeGenerator, TreeConfig
+from eagle3_ext.bench.baseline import hf_generate
+from eagle3_ext.bench.divergence import first_divergence, fp32_reference
+from eagle3_ext.compiled.verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
                                                  static_capacity)
 from conftest import FAST_COMPILE, HAS_CUDA, calls_after_a_first
 from tiny_models import loaded_trained_pair
@@ -168,7 +168,7 @@ def test_a_half_precision_verify_graph_is_stored_and_loaded_with_each_models_wei
 def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch):
     """Four requests, one finishing first: the three left run as four rows, one a mirror of a
     running request whose tokens are dropped; outputs stay identical to plain greedy decoding."""
-    from eagle3_ext.engine.batch import Batch
+    from eagle3_ext.decoding.batch import Batch
 
     target, tok, draft = pair
     prompts = PROMPTS + ["return value key item value"]
@@ -180,7 +180,7 @@ def test_compiled_batch_shrinks_to_powers_of_two_with_mirrors(pair, monkeypatch)
 
     def spy(self):
         drop(self)
-        sizes.append((len(self.active), sum(self.mirror)))
+        sizes.append((len(self.rows), sum(self.rows.mirror)))
 
     monkeypatch.setattr(Batch, "_drop_finished", spy)
     out = gen.generate(prompts, max_new_tokens=24, eos_token_id=stop, return_dict_in_generate=True)
@@ -207,8 +207,9 @@ def test_compile_is_checked(pair):
 
 def _cache_addresses(batch):
     """The data pointers of a batch's caches: the target's (every layer) and the draft's."""
-    target = [t.data_ptr() for layer in batch.runner.cache.layers for t in (layer.keys, layer.values)]
-    draft = [t.data_ptr() for t in batch.dcache.keys + batch.dcache.values + [batch.dcache.prefix_lens]]
+    rows = batch.rows
+    target = [t.data_ptr() for layer in rows.target.cache.layers for t in (layer.keys, layer.values)]
+    draft = [t.data_ptr() for t in rows.draft_cache.keys + rows.draft_cache.values + [rows.draft_cache.prefix_lens]]
     return tuple(target), tuple(draft)
 
 
@@ -216,7 +217,7 @@ def test_compiled_calls_keep_their_cache_addresses(pair, monkeypatch):
     """The caches are the generator's kept buffers: every round of every call, the batch
     shrinking included, sees the same addresses (what CUDA graphs replay on), with outputs
     identical to plain greedy decoding call after call."""
-    from eagle3_ext.engine.batch import Batch
+    from eagle3_ext.decoding.batch import Batch
 
     target, tok, draft = pair
     gen = SpeculativeGenerator(target, draft, TreeConfig.chain(3), tokenizer=tok, compile=FAST_COMPILE)

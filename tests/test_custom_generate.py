@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteriaLi
 
 import eagle3_ext
 from eagle3_ext import Eagle3DraftModel, TreeConfig
-from eagle3_ext.engine import CaptureMismatchError
-from eagle3_ext.engine.custom_generate import CACHE_ATTRIBUTE
+from eagle3_ext.api import CaptureMismatchError
+from eagle3_ext.api.custom_generate import CACHE_ATTRIBUTE
 from eagle3_ext.errors import BadInputError
 from eagle3_ext.models import pair
 from recording_streamer import RecordingStreamer

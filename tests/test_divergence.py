@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from eagle3_ext.engine.divergence import NEAR_TIE_ULPS, UNIT_ROUNDOFF, first_divergence
+from eagle3_ext.bench.divergence import NEAR_TIE_ULPS, UNIT_ROUNDOFF, first_divergence
 from tiny_models import make_target
 
 

@@ -200,16 +200,17 @@ def _untyped(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def parsers() -> Dict[str, argparse.ArgumentParser]:
     """The parser of every subcommand, as `eagle3` builds it ("train capture" and "train
     regenerate" included), without type checks."""
-    from eagle3_ext import cli, cli_train
+    from eagle3_ext import cli
+    from eagle3_ext.cli import train as cli_train
 
     top = argparse.ArgumentParser(prog="eagle3")
     sub = top.add_subparsers(dest="command", required=True)
     for add, _ in cli.COMMANDS.values():
         add(sub)
     found = {name: p for name, p in sub.choices.items()}
-    for name, (_, load) in cli_train.SUBCOMMANDS.items():
+    for name, (_, add, _) in cli_train.SUBCOMMANDS.items():
         p = argparse.ArgumentParser(prog=f"eagle3 train {name}")
-        load()[0](p)
+        add(p)
         found[f"train {name}"] = p
     return {name: _untyped(p) for name, p in found.items()}
 

@@ -8,7 +8,7 @@ import transformers
 
 from eagle3_ext import Eagle3DraftModel
 from eagle3_ext.draft import fingerprint
-from eagle3_ext.engine import CaptureMismatchError, SpeculativeGenerator
+from eagle3_ext.api import CaptureMismatchError, SpeculativeGenerator
 from tiny_models import make_trained_pair
 
 ARCHS = {
@@ -116,7 +116,7 @@ def _shifted_draft(d, target, by):
 
 def test_guard_stops_a_shifted_capture_before_any_draft_step(trained, monkeypatch):
     d, target, tok = trained
-    import eagle3_ext.engine.batch as batch
+    import eagle3_ext.decoding.batch as batch
     steps = []
     monkeypatch.setattr(batch, "extend_eager", lambda *a, **k: steps.append(1))
     gen = SpeculativeGenerator(target, _shifted_draft(d, target, 1), tokenizer=tok)

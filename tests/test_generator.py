@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine import batch as batch_module
-from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
+from eagle3_ext.decoding import batch as batch_module
+from eagle3_ext.bench.baseline import hf_generate
 from eagle3_ext.train.trainer import draft_config_for
 from conftest import FAST_COMPILE
 from sampling_stats import chi_square, chi_square_bound, exact_joint, make_small_vocab_pair, sample_joint
@@ -146,7 +146,7 @@ def test_sampling_matches_target_distribution(small_vocab_pair, monkeypatch):
     assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
 
     # Negative control: a lossy acceptance rule (sgl-kernel's threshold_acc < 1) must fail the bound.
-    from eagle3_ext import tree
+    from eagle3_ext.decoding import tree
     monkeypatch.setattr(batch_module, "verify_sampling",
                         functools.partial(tree.verify_sampling, threshold_acc=0.3))
     stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials), probs, trials)
@@ -166,7 +166,7 @@ def test_sampled_draft_matches_target_distribution(small_vocab_pair, monkeypatch
     stat, dof = chi_square(counts, probs, trials)
     assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
 
-    from eagle3_ext import tree
+    from eagle3_ext.decoding import tree
     monkeypatch.setattr(batch_module, "verify_sampling_draft_probs",
                         lambda t, p, q, generator: tree.verify_sampling_draft_probs(t, p, p, generator=generator))
     stat, dof = chi_square(sample_joint(target, draft, prompt, length, temperature, trials, tree=chain), probs,
@@ -188,7 +188,7 @@ def test_compiled_sampled_draft_matches_target_distribution(small_vocab_pair, mo
     stat, dof = chi_square(counts, probs, trials)
     assert stat < chi_square_bound(dof), f"chi-square {stat:.1f} with {dof} dof"
 
-    from eagle3_ext import tree
+    from eagle3_ext.decoding import tree
     monkeypatch.setattr(batch_module, "verify_sampling_draft_probs",
                         lambda t, p, q, generator: tree.verify_sampling_draft_probs(t, p, p, generator=generator))
     biased = sample_joint(target, draft, prompt, length, temperature, trials, tree=chain, compile=FAST_COMPILE)
@@ -322,7 +322,7 @@ def test_memory_flat_over_10k_tokens():
 def test_sampling_defaults_to_a_sampled_chain():
     """`eagle3 generate` picks the tree per temperature: greedy keeps the default tree, sampling
     without tree options drafts a sampled chain; any tree option keeps the tree asked for."""
-    from eagle3_ext.engine.run import GenerateRequest
+    from eagle3_ext.bench.generate_job import GenerateRequest
 
     assert GenerateRequest().tree() == TreeConfig()
     assert GenerateRequest(temperature=0.8).tree() == TreeConfig.chain(TreeConfig.SAMPLED_DEPTH, sampled=True)

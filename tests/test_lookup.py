@@ -5,10 +5,11 @@ identical to the target's greedy decoding in fp32, lossless when sampling."""
 import pytest
 import torch
 
-from eagle3_ext import reference, tree
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.baseline import hf_generate
-from eagle3_ext.engine.lookup import NgramLookup, draft_nodes_to_keep
+from eagle3_ext import reference
+from eagle3_ext.decoding import tree
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
+from eagle3_ext.bench.baseline import hf_generate
+from eagle3_ext.decoding.lookup import NgramLookup, draft_nodes_to_keep
 from sampling_stats import chi_square, chi_square_bound, exact_joint, make_small_vocab_pair, sample_joint
 from test_tree_ops import random_draft_steps, tree_inputs
 from tiny_models import loaded_trained_pair

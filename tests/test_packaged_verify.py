@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from eagle3_ext.engine import CompileOptions, SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.baseline import hf_generate
-from eagle3_ext.engine.compiled_verify import packaged
-from eagle3_ext.engine.packaged_verify import package_dir, package_key, weights_digest
+from eagle3_ext.api import CompileOptions, SpeculativeGenerator, TreeConfig
+from eagle3_ext.bench.baseline import hf_generate
+from eagle3_ext.compiled.verify import packaged
+from eagle3_ext.compiled.packages import package_dir, package_key, weights_digest
 from conftest import FAST_COMPILE
 from tiny_models import loaded_trained_pair
 

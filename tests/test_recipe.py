@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
 from eagle3_ext.prompts import load_prompts
 from eagle3_ext.models import recipe
 from eagle3_ext.train import TrainConfig, train

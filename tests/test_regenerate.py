@@ -133,7 +133,7 @@ def test_greedy_turns_are_hugging_face_generate(setup):
 def test_draft_writes_the_same_file(setup, tmp_path, monkeypatch):
     """Speculative generation is lossless: with a draft (fp32, batch 3) the file is byte for byte
     the one without."""
-    from eagle3_ext.engine.generator import SpeculativeGenerator
+    from eagle3_ext.api.generator import SpeculativeGenerator
 
     calls = []
     generate = SpeculativeGenerator.generate

@@ -4,8 +4,8 @@ larger of memory and compute time, and r in decode forwards."""
 import pytest
 import torch
 
-from eagle3_ext.engine.config import TreeConfig
-from eagle3_ext.engine.roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
+from eagle3_ext.api.config import TreeConfig
+from eagle3_ext.bench.roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
 
 
 class TinyLM(torch.nn.Module):

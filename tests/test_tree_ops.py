@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import DEVICES, op_error
-from eagle3_ext import _C, ops, reference, tree
+from eagle3_ext import _C, ops, reference
+from eagle3_ext.decoding import tree
 from eagle3_ext.ops import (
     build_tree_kernel_efficient,
     tree_speculative_sampling_target_only,

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import DEVICES, op_error
-from eagle3_ext import reference, tree
+from eagle3_ext import reference
+from eagle3_ext.decoding import tree
 from eagle3_ext.ops import tree_speculative_sampling_draft_probs, tree_speculative_sampling_target_only
 from sampling_stats import chi_square, chi_square_bound
 

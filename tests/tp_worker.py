@@ -9,8 +9,8 @@ import torch
 
 from eagle3_ext.distributed import init_from_env, load_target, rank, shutdown
 from eagle3_ext.draft import Eagle3DraftModel
-from eagle3_ext.engine import SpeculativeGenerator, TreeConfig
-from eagle3_ext.engine.baseline import hf_generate
+from eagle3_ext.api import SpeculativeGenerator, TreeConfig
+from eagle3_ext.bench.baseline import hf_generate
 
 PROMPTS = ["def print return", "class value key item index count", "for while if else"]
 

@@ -31,13 +31,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .. import validation
-from ..capture import AuxHiddenCapture
+from ..decoding.capture import AuxHiddenCapture
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import config_fix, describe_fix, resolve_aux_layer_ids, target_dims
 from ..draft.checkpoint import FINGERPRINT_NAME, config_from_dict, read_checkpoint
-from ..engine.config import TreeConfig
-from ..engine.generator import SpeculativeGenerator
-from ..engine.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
+from ..api.config import TreeConfig
+from ..api.generator import SpeculativeGenerator
+from ..preflight.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
 from ..errors import BadInputError, BadInputTypeError
 from ..train.data import collate
 from ..train.ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward

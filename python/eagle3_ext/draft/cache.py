@@ -29,7 +29,7 @@ class DraftKVCache:
     tree_attention reads (committed prefix, then the tree tokens right after it).
 
     ``allocate`` (default: new zeroed tensors) provides the tensors, e.g. a compiled generator's
-    kept buffers (engine/buffer_pool.py); requests that leave move the rest to the front in place.
+    kept buffers (compiled/buffer_pool.py); requests that leave move the rest to the front in place.
     """
 
     def __init__(self, num_layers: int, batch_size: int, capacity: int, num_kv_heads: int,

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 
-from ..capture import AuxHiddenCapture, find_decoder_layers
+from ..decoding.capture import AuxHiddenCapture, find_decoder_layers
 from ..errors import BadInputError
 from .aux_layers import target_dims
 

@@ -18,7 +18,7 @@ from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_
 from .cache import Allocate, DraftKVCache
 from .checkpoint import load_draft, save_draft
 from .config import Eagle3DraftConfig
-from .few_rows import linear, linears
+from ..linear import linear, linears
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)

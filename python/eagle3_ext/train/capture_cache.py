@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
-from ..engine.loading import default_device
+from ..preflight.loading import default_device
 from ..errors import BadInputError
 from .cache import CONFIG_DIR, FORMAT, MANIFEST, PARTS, VERSION, bytes_per_token
 from .data import batches

@@ -50,11 +50,11 @@ import torch
 from .. import validation
 from ..distributed import tp
 from ..dtypes import DTYPES, check_dtype_name
-from ..engine.baseline import hf_generate
-from ..engine.config import SamplingConfig
-from ..engine.generator import SpeculativeGenerator
-from ..engine.loading import check_device, default_device, load_target, load_tokenizer
-from ..engine.settings import MAX_SEED
+from ..bench.baseline import hf_generate
+from ..api.config import SamplingConfig
+from ..api.generator import SpeculativeGenerator
+from ..preflight.loading import check_device, default_device, load_target, load_tokenizer
+from ..api.settings import MAX_SEED
 from ..errors import BadInputError, BadInputTypeError
 from .data import jsonl_records
 

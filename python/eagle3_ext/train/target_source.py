@@ -13,11 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..capture import AuxHiddenCapture
+from ..decoding.capture import AuxHiddenCapture
 from ..distributed import tp
 from ..draft import eagle_default_aux_layers, fingerprint
 from ..draft.aux_layers import target_dims
-from ..engine.loading import check_context, load_target, load_tokenizer
+from ..preflight.loading import check_context, load_target, load_tokenizer
 from ..errors import BadInputError
 from .data import Example, collate, load_examples
 from .ttt import TargetView, target_pass

@@ -19,7 +19,7 @@ from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
-from ..engine.loading import check_device, default_device
+from ..preflight.loading import check_device, default_device
 from ..errors import BadInputError, BadInputTypeError, MissingPathError
 from .cache import CAPTURE_FIELDS, CachedTarget
 from .data import batches

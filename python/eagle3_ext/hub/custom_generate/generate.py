@@ -6,4 +6,4 @@ The method lives in the eagle3_ext package (``pip install eagle3_ext``); this fi
 it, so a copy of this folder in a model repository runs the installed library's code.
 """
 
-from eagle3_ext.engine.custom_generate import generate  # noqa: F401  (what transformers calls)
+from eagle3_ext.api.custom_generate import generate  # noqa: F401  (what transformers calls)

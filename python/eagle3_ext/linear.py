@@ -1,0 +1,167 @@
+"""Linear layers routed by their shape on CPU: few rows through the library's streaming kernel,
+many rows of half precision through float32 where the CPU has no native half-precision GEMM.
+
+Few rows. A draft step multiplies one row per tree node (a chain: one row a request) by each
+weight, and a round's commit a handful: matrix-vector products, bound by reading the weight.
+ATen sends them to oneDNN, whose per-call setup is most of such a product's time;
+``eagle3.fused_aux_fc`` (k segments, here one or two) reads the weight once with fp32
+accumulation, faster than ``F.linear`` over one to a few rows in bfloat16 and float32
+(docs/perf_notes.md has the measurements). The draft calls it through ``linear`` / ``linears``;
+modules written elsewhere (a half-precision target's projections inside its compiled verify)
+through ``RoutedLinears(stream=...)``. Many rows (prefill, training) stay with ``F.linear``, and
+so does every device but the CPU. Training keeps ``F.linear`` whatever the rows: gradients need
+not flow through the op.
+
+Many rows. On a CPU without AVX512-BF16 / AMX (AVX512-FP16 for float16), ATen multiplies bfloat16
+matrices through a slow fallback, several times slower than converting the operands to float32,
+multiplying and rounding back. Inside ``float32_gemms``, ``F.linear`` with half-precision operands
+and at least ``MIN_ROWS`` rows converts them to float32, multiplies and rounds the product back
+once: what ATen's half-precision GEMM computes (float32 accumulation, one rounding), in another
+summation order. The generator uses it where many rows meet the weights in eager mode: the
+target's prefill and the draft's pass over the prompt.
+
+Both routes are one ``TorchFunctionMode`` (``RoutedLinears``): a mode's cost falls on every torch
+call it sees, so it is entered only where a route applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import List, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+# Rows up to which the streaming kernel runs (the op itself hands more to ATen, which wins
+# from about 24 rows on in bfloat16).
+STREAM_ROWS = 16
+# Fewer rows stay in half precision: converting the weight on every call costs as much as the
+# product there (the float32 route lost at 4 rows and won from 8).
+MIN_ROWS = 16
+HALF = (torch.bfloat16, torch.float16)
+
+
+# --- few rows: the streaming kernel ------------------------------------------------------------
+def _few_cpu_rows(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.numel() <= STREAM_ROWS * x.shape[-1]
+
+
+def streams(x: torch.Tensor, layer: nn.Module) -> bool:
+    """Whether ``layer`` over ``x`` ([..., in_features]) runs through the streaming kernel: a
+    plain ``nn.Linear`` (a subclass or another module may compute something else), on CPU, over
+    few rows, without gradients."""
+    return (type(layer) is nn.Linear and _few_cpu_rows(x)
+            and not (torch.is_grad_enabled() and layer.weight.requires_grad))
+
+
+def linear(layer: nn.Module, *parts: torch.Tensor) -> torch.Tensor:
+    """``layer(torch.cat(parts, -1))``: ``parts`` are [..., H] tensors of one shape that together
+    make the layer's input (the concatenation is never built on the streaming path)."""
+    first = parts[0]
+    if streams(first, layer):
+        return torch.ops.eagle3.fused_aux_fc(list(parts), layer.weight, layer.bias)
+    return layer(torch.cat(parts, -1) if len(parts) > 1 else first)
+
+
+def _frozen_graph() -> bool:
+    """Whether this runs while a graph is traced for Inductor with frozen weights."""
+    if not torch.compiler.is_compiling():
+        return False
+    import torch._inductor.config as inductor_config  # (loaded by then; on its own it is slow to import)
+
+    return bool(inductor_config.freezing)
+
+
+def _stackable(layers: Sequence[nn.Module], x: torch.Tensor) -> bool:
+    """Whether ``layers`` over ``x`` all stream and their weights (and biases) stack: one dtype,
+    a bias on all of them or none."""
+    return (all(streams(x, layer) for layer in layers)
+            and len({layer.weight.dtype for layer in layers}) == 1
+            and len({layer.bias is None for layer in layers}) == 1)
+
+
+def linears(layers: Sequence[nn.Module], *parts: torch.Tensor) -> List[torch.Tensor]:
+    """``[linear(layer, *parts) for layer in layers]``: layers that read the same input (a draft
+    layer's q, k and v; its gate and up).
+
+    In a graph compiled with frozen weights (``torch.compile`` with Inductor's ``freezing``, as
+    the compiled generator builds on CPU) the products run as one streaming call over the layers'
+    stacked weights, its output split after: Inductor folds the concatenation of the constant
+    weights into one constant when it compiles, so each call reads the same bytes, and a draft
+    step makes 5 kernel calls instead of 8 (each call has its own launch and thread fork). Out of
+    such a graph the concatenation would be a copy on every call, so the layers run one by one."""
+    if len(layers) > 1 and _frozen_graph() and _stackable(layers, parts[0]):
+        weight = torch.cat([layer.weight for layer in layers])
+        bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+        out = torch.ops.eagle3.fused_aux_fc(list(parts), weight, bias)
+        return list(out.split([layer.out_features for layer in layers], -1))
+    return [linear(layer, *parts) for layer in layers]
+
+
+# --- many rows of half precision: float32 products ----------------------------------------------
+@functools.cache  # the CPU does not change; asked on every eager extend, a round's hot path
+def native_half_gemm(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies ``dtype`` natively on this CPU (float32 always counts as native)."""
+    checks = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    if dtype not in checks:
+        return True
+    try:
+        return bool(getattr(torch.ops.mkldnn, checks[dtype])())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a product of ``dtype`` operands is best computed in on ``device``: float32 for
+    half precision on a CPU without a native GEMM for it, else ``dtype`` itself."""
+    if torch.device(device).type == "cpu" and dtype in HALF and not native_half_gemm(dtype):
+        return torch.float32
+    return dtype
+
+
+# --- the one interceptor ----------------------------------------------------------------------
+def _linear_arguments(args, kwargs):
+    """(input, weight, bias) of an ``F.linear`` call seen by a TorchFunctionMode."""
+    x = args[0] if args else kwargs["input"]
+    weight = args[1] if len(args) > 1 else kwargs["weight"]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    return x, weight, bias
+
+
+class RoutedLinears(TorchFunctionMode):
+    """Inside the context, ``F.linear`` (weight of the input's dtype) takes its route:
+
+    - ``stream`` (dtypes): few rows of these dtypes on CPU, without gradients, run through the
+      streaming kernel. Meant to be traced into a compiled graph, where the mode costs nothing a
+      call; in eager mode every torch call would pass through it.
+    - ``float32``: half precision of ``MIN_ROWS`` rows or more is multiplied in float32 and
+      rounded back once (enter it through ``float32_gemms``, which checks the CPU)."""
+
+    def __init__(self, stream: Sequence[torch.dtype] = (), float32: bool = False):
+        super().__init__()
+        self.stream = tuple(stream)
+        self.float32 = float32
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, bias = _linear_arguments(args, kwargs)
+            if weight.dtype == x.dtype:
+                if x.dtype in self.stream and _few_cpu_rows(x) and not torch.is_grad_enabled():
+                    return torch.ops.eagle3.fused_aux_fc([x], weight, bias)
+                if self.float32 and x.dtype in HALF and x.numel() >= MIN_ROWS * x.shape[-1]:
+                    out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+                    return out.to(x.dtype)
+        return func(*args, **kwargs)
+
+
+def float32_gemms(device: torch.device, dtype: torch.dtype, rows: int):
+    """A context in which half-precision ``F.linear`` of ``MIN_ROWS`` rows or more runs in float32
+    (module docstring), for forwards of about ``rows`` rows in ``dtype`` on ``device`` that has no
+    native GEMM for it; elsewhere a no-op (the mode's own cost falls on every op it sees)."""
+    if rows >= MIN_ROWS and dtype != gemm_dtype(device, dtype):
+        return RoutedLinears(float32=True)
+    return contextlib.nullcontext()
