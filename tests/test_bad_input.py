@@ -207,6 +207,10 @@ CLI_CASES = [
     (BENCH, "--pair", "mismatched pair", ["--pair", "toy"] + PAIR, "--pair names both models"),
     (BENCH, "--no-chat", "wrong type", ["--no-chat=0"], "ignored explicit argument '0'"),
     (BENCH, "--no-chat", "wrong model kind", ["--chat"], "chat prompts need a tokenizer with a chat template"),
+    (BENCH, "--by-category", "wrong type", ["--by-category=1"], "--by-category: ignored explicit argument '1'"),
+    (BENCH, "--by-category", "mismatched pair", ["--by-category"], "--by-category needs --prompts"),
+    (BENCH, "--by-category", "wrong format", ["--by-category", "--prompts", "{good_text}"],
+     'prompt 1 has no "category"'),
     # --- convert ----------------------------------------------------------------------------------
     (CONVERT, "--dtype", "wrong type", ["--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
     (CONVERT, "--json", "wrong type", ["--json=1"], "--json: ignored explicit argument '1'"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .errors import BadInputError, BadInputTypeError, MissingPathError, UnreadablePathError
 
@@ -96,6 +96,18 @@ def text(name: str, value: Any) -> str:
     if not value.strip():
         raise BadInputError(_fault(name, "a non-empty string", repr(value)))
     return value
+
+
+def distinct_items(name: str, values: Any, expected: str, check: Callable[[str, Any], Any], why: str = "") -> list:
+    """A non-empty list or tuple (``expected`` says what it holds) of distinct items, each passing
+    ``check(f"{name}[i]", item)``; ``why`` follows "must be distinct" in the error."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise BadInputTypeError(f"{name} must be {expected}, got {values!r}")
+    for i, item in enumerate(values):
+        check(f"{name}[{i}]", item)
+    if len(set(values)) != len(values):
+        raise BadInputError(f"{name} must be distinct{why}, got {list(values)}")
+    return list(values)
 
 
 def path(name: str, value: Any) -> str:

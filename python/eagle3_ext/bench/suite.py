@@ -130,13 +130,8 @@ class BenchConfig:
         return prompts
 
     def _validate_sampling(self) -> None:
-        if isinstance(self.temperatures, (int, float, str)) or not self.temperatures:
-            raise BadInputTypeError(f"temperatures must be a non-empty list of numbers >= 0 (0 = greedy), got "
-                                    f"{self.temperatures!r}")
-        for i, t in enumerate(self.temperatures):
-            validation.number(f"temperatures[{i}]", t, 0)
-        if len(set(self.temperatures)) != len(self.temperatures):
-            raise BadInputError(f"temperatures must be distinct (one run each), got {list(self.temperatures)}")
+        validation.distinct_items("temperatures", self.temperatures, "a non-empty list of numbers >= 0 (0 = greedy)",
+                                  lambda name, t: validation.number(name, t, 0), why=" (one run each)")
         validation.number("top_p", self.top_p, 0, 1, exclusive_minimum=True)
         validation.integer("top_k", self.top_k, 0)
         if (self.top_p != 1.0 or self.top_k != 0) and not any(t > 0 for t in self.temperatures):

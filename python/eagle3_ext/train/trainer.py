@@ -89,13 +89,9 @@ class TrainConfig:
         check_device(self.device)
         validation.output_dir("out", self.out)
         if self.aux_layers is not None:
-            if not isinstance(self.aux_layers, (list, tuple)) or not self.aux_layers:
-                raise BadInputTypeError(f"aux_layers must be None (EAGLE's default) or a non-empty list of layer "
-                                        f"indices, got {self.aux_layers!r}")
-            for i, layer in enumerate(self.aux_layers):
-                validation.integer(f"aux_layers[{i}]", layer, 0)
-            if len(set(self.aux_layers)) != len(self.aux_layers):
-                raise BadInputError(f"aux_layers must be distinct, got {list(self.aux_layers)}")
+            validation.distinct_items("aux_layers", self.aux_layers,
+                                      "None (EAGLE's default) or a non-empty list of layer indices",
+                                      lambda name, layer: validation.integer(name, layer, 0))
         if self.draft_vocab_size is not None:
             validation.integer("draft_vocab_size", self.draft_vocab_size, 1)
         validation.integer("ttt_steps", self.ttt_steps, 1, MAX_TTT_STEPS)
