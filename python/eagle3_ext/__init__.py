@@ -10,9 +10,9 @@ import torch  # noqa: F401  (the native module links against the torch already l
 
 from . import _C  # noqa: F401  (registers the eagle3 ops)
 from . import ops, reference
-from .draft import AuxLayerResolution, Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
 from .api import CompileOptions, SpeculativeGenerateOutput, SpeculativeGenerator, TreeConfig
 from .api.custom_generate import custom_generate_path
+from .draft import AuxLayerResolution, Eagle3DraftConfig, Eagle3DraftModel, resolve_aux_layer_ids
 from .ops import (
     build_tree_kernel_efficient,
     fused_aux_fc,

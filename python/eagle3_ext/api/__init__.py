@@ -5,8 +5,8 @@ inputs it takes (``inputs``), stopping (``stopping``), logits processors at ever
 ``model.generate`` (``custom_generate``). The round it runs is ``eagle3_ext.decoding``; its
 compiled graphs ``eagle3_ext.compiled``."""
 
-from ..decoding.capture import AuxHiddenCapture, find_decoder_layers
 from ..compiled.options import CompileOptions
+from ..decoding.capture import AuxHiddenCapture, find_decoder_layers
 from .config import SamplingConfig, TreeConfig
 from .generator import CaptureMismatchError, SpeculativeGenerateOutput, SpeculativeGenerator
 from .stats import GenerationStats

@@ -22,9 +22,9 @@ from typing import Any, Optional
 import torch
 
 from ..errors import BadInputError, BadInputTypeError
+from ..preflight.loading import load_pair_for_generation
 from .config import TreeConfig
 from .generator import SpeculativeGenerator
-from ..preflight.loading import load_pair_for_generation
 
 # The folder transformers' ``custom_generate=`` takes: a Hub-style repository whose
 # custom_generate/generate.py forwards to ``generate`` below.

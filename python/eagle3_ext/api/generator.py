@@ -19,22 +19,22 @@ from typing import List, Optional, Union
 import torch
 
 from .. import hf_attention
+from ..compiled.draft import draft_capacity
+from ..compiled.graphs import CompiledRound
+from ..compiled.options import CompileOptions, compile_options
+from ..compiled.verify import node_buckets
+from ..decoding.batch import Batch
 from ..decoding.capture import AuxHiddenCapture
+from ..decoding.drafting import draft_cache_capacity
 from ..distributed import tp
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import describe_fix
 from ..errors import BadInputError
 from ..preflight.architecture import check_served
-from ..decoding.batch import Batch
-from ..compiled.options import CompileOptions, compile_options
-from ..compiled.draft import draft_capacity
-from ..compiled.graphs import CompiledRound
-from ..compiled.verify import node_buckets
-from .config import TreeConfig
-from ..decoding.drafting import draft_cache_capacity
-from .inputs import prepare
 from ..preflight.loading import load_pair_for_generation
 from ..preflight.memory import check_fits
+from .config import TreeConfig
+from .inputs import prepare
 from .settings import GenerateSettings, resolve
 from .stats import GenerationStats
 

@@ -6,20 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
+from ..api.config import SamplingConfig, TreeConfig
+from ..api.generator import SpeculativeGenerator
+from ..api.inputs import chat_prompt, uses_chat
+from ..api.settings import MAX_SEED
+from ..compiled.options import CompileOptions, compile_options
 from ..distributed import tp
 from ..dtypes import check_dtype_name
 from ..errors import BadInputError
 from ..models import bundled_paths
 from ..models.gguf_target import resolve_target
+from ..preflight.loading import load_pair_for_generation
 from ..validation import boolean, choice, integer, text
 from .baseline import hf_generate
-from ..compiled.options import CompileOptions, compile_options
-from ..api.config import SamplingConfig, TreeConfig
 from .divergence import first_divergence
-from ..api.generator import SpeculativeGenerator
-from ..api.inputs import chat_prompt, uses_chat
-from ..preflight.loading import load_pair_for_generation
-from ..api.settings import MAX_SEED
 
 
 DEFAULT_PROMPT = "def fibonacci(n):\n"

@@ -30,6 +30,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .. import validation
+from ..api.config import TreeConfig
+from ..api.generator import SpeculativeGenerator
+from ..api.inputs import chat_prompt, uses_chat
+from ..api.stats import GenerationStats
+from ..compiled.options import CompileOptions, compile_options
 from ..dtypes import check_dtype_name
 from ..errors import BadInputError, BadInputTypeError
 from ..models import bundled_eval_prompts
@@ -37,14 +42,9 @@ from ..peers import llama_cpp_build
 from ..peers.llama_cpp import missing_reason as llama_cpp_missing_reason
 from . import llama_cpp, peers
 from .baseline import hf_generate
-from ..compiled.options import CompileOptions, compile_options
-from ..api.config import TreeConfig
 from .divergence import first_divergence, fp32_reference
-from ..api.generator import SpeculativeGenerator
-from ..api.inputs import chat_prompt, uses_chat
-from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
 from .generate_job import load_pair, resolve_models
-from ..api.stats import GenerationStats
+from .roofline import MachineRates, estimate_round_cost, measure_machine, weights_read
 
 
 DEFAULT_CONFIGS = {c.name: c for c in (TreeConfig.chain(5), TreeConfig(5, 4, 16, lookup_tokens=0),

@@ -7,10 +7,10 @@ import argparse
 import json
 import sys
 
-from . import types as T
-from .common import add_dtype_options, add_models, resolve_pair
 from ..errors import BadInputError
 from ..models import SMOLLM2_EVAL_PROMPTS
+from . import types as T
+from .common import add_dtype_options, add_models, resolve_pair
 
 
 def add_parser(sub) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 
-from . import types as T
 from ..dtypes import DTYPES
 from ..errors import BadInputError
 from ..models import PAIRS, pair
+from . import types as T
 
 
 def add_models(p) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from . import types as T
 from ..dtypes import DTYPES
+from . import types as T
 
 
 def add_parser(sub) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from . import types as T
 from ..doctor.run import MAX_STEPS as MAX_DOCTOR_STEPS
+from . import types as T
 
 
 def add_parser(sub) -> None:

@@ -7,11 +7,11 @@ import argparse
 import json
 import sys
 
-from . import types as T
-from .common import add_dtype_options, add_models, resolve_pair
 from ..api.config import TreeConfig
 from ..api.settings import MAX_SEED
 from ..validation import read_text_file
+from . import types as T
+from .common import add_dtype_options, add_models, resolve_pair
 
 
 def add_parser(sub) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import train_capture, train_regenerate
-from . import types as T
-from ..dtypes import DTYPES
 from ..api.settings import MAX_SEED
+from ..dtypes import DTYPES
 from ..errors import BadInputError
 from ..train.trainer import MAX_TTT_STEPS
+from . import train_capture, train_regenerate
+from . import types as T
 
 
 def add_parser(sub) -> None:

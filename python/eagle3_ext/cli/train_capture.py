@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import types as T
 from ..api.settings import MAX_SEED
 from ..dtypes import DTYPES
+from . import types as T
 
 
 def add_capture_arguments(p: argparse.ArgumentParser) -> None:

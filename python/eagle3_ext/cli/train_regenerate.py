@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from . import types as T
-from ..dtypes import DTYPES
 from ..api.settings import MAX_SEED
+from ..dtypes import DTYPES
 from ..train.regenerate import RegenerateConfig
+from . import types as T
 
 
 def add_regenerate_arguments(parser) -> None:

@@ -19,14 +19,15 @@ from typing import List, Optional
 
 import torch
 
+from ..api.config import TreeConfig
+from ..decoding.drafting import (DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend_and_steps,
+                                 extend_eager)
+from ..decoding.tree import DraftStep
 from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
-from ..decoding.tree import DraftStep
 from .buffer_pool import BufferPool
 from .options import CompileOptions
 from .verify import ShapeClock, round_capacity
-from ..api.config import TreeConfig
-from ..decoding.drafting import DraftInputs, DraftSampler, draft_cache_capacity, draft_steps, extend_and_steps, extend_eager
 
 
 def draft_capacity(tree: TreeConfig, longest_prompt: int, most_new: int) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from .buffer_pool import BufferPool
-from .options import CompileOptions
 from .draft import CompiledDraft
+from .options import CompileOptions
 from .verify import CompiledVerify, cuda_graphs
 
 

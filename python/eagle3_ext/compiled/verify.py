@@ -52,12 +52,11 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from ..linear import RoutedLinears
 from ..decoding.capture import AuxHiddenCapture
 from ..decoding.verify_forward import TargetOutput, TreeInputs, VerifyForward, tree_forward
+from ..linear import HALF, RoutedLinears
 from .buffer_pool import BufferPool
 from .options import CompileOptions
-from ..linear import HALF
 from .packages import NoPackage, PackagedVerify
 
 CAPACITY_MULTIPLE = 512

@@ -25,22 +25,25 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .tree import DraftTree, graft_chains, verify_greedy, verify_sampling, verify_sampling_draft_probs
-from .acceptance_bound import acceptance_bound
 from ..api.config import filtered_probs
-from .drafting import DraftInputs, DraftSampler, build_tree, candidate_scores, draft_steps, extend_eager
-from .lookup import NgramLookup, draft_nodes_to_keep
 from ..api.processors import process_next, process_tree
 from ..api.settings import GenerateSettings
 from ..api.stats import GenerationStats
 from ..api.stopping import StopRule
 from ..compiled.verify import static_capacity
+from .acceptance_bound import acceptance_bound
+from .drafting import DraftInputs, DraftSampler, build_tree, candidate_scores, draft_steps, extend_eager
+from .lookup import NgramLookup, draft_nodes_to_keep
 from .rows import Rows
 from .target import TargetRunner
+from .tree import DraftTree, graft_chains, verify_greedy, verify_sampling, verify_sampling_draft_probs
 
 
 @dataclass
 class Request:
+    """One prompt of the call and what it has produced so far (``new``); finished once it has a
+    stop ``reason``."""
+
     prompt: List[int]
     rule: StopRule
     new: List[int] = field(default_factory=list)

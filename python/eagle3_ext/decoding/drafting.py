@@ -20,11 +20,11 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from ..api.config import SamplingConfig, TreeConfig, filtered_probs
 from ..draft import Eagle3DraftModel
 from ..draft.cache import DraftKVCache
-from .tree import DraftStep, DraftTree, build_draft_tree, expand_frontier
-from ..api.config import SamplingConfig, TreeConfig, filtered_probs
 from ..linear import float32_gemms
+from .tree import DraftStep, DraftTree, build_draft_tree, expand_frontier
 
 
 @dataclass

@@ -21,12 +21,12 @@ from typing import Optional
 
 import torch
 
-from .capture import AuxHiddenCapture
+from ..compiled.verify import CompiledVerify
 from ..draft.cache import compact_rows
+from ..linear import float32_gemms
+from .capture import AuxHiddenCapture
 from .tree import DraftTree
 from .verify_forward import SdpaVerify, TargetOutput, TreeAttentionVerify, TreeInputs, VerifyForward
-from ..compiled.verify import CompiledVerify
-from ..linear import float32_gemms
 
 
 class TargetRunner:

@@ -2,7 +2,7 @@
 the verdict (FAULT, HEALTHY or INCONCLUSIVE) is reached."""
 
 from .candidates import Setup, candidate_layer_sets, flag_setups
-from .evidence import Z_DECISIVE, PairedDifference, paired_difference
+from .evidence import PairedDifference, Z_DECISIVE, paired_difference
 from .report import Candidate, DoctorReport, Finding
 from .run import Doctor, diagnose
 

@@ -31,18 +31,18 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .. import validation
+from ..api.config import TreeConfig
+from ..api.generator import SpeculativeGenerator
 from ..decoding.capture import AuxHiddenCapture
 from ..draft import Eagle3DraftModel, fingerprint
 from ..draft.aux_layers import config_fix, describe_fix, resolve_aux_layer_ids, target_dims
 from ..draft.checkpoint import FINGERPRINT_NAME, config_from_dict, read_checkpoint
-from ..api.config import TreeConfig
-from ..api.generator import SpeculativeGenerator
-from ..preflight.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
 from ..errors import BadInputError, BadInputTypeError
+from ..preflight.loading import check_context, check_draft_dir, check_target_dir, load_target, load_tokenizer
 from ..train.data import collate
 from ..train.ttt import StepAccuracy, expected_acceptance_length, target_pass, ttt_forward
 from .candidates import Setup, candidate_layer_sets, flag_setups, variant
-from .data import SAMPLE_TEXT, EvalData, from_text, self_generated
+from .data import EvalData, SAMPLE_TEXT, from_text, self_generated
 from .evidence import paired_difference
 from .report import Candidate, DoctorReport
 from .verdict import judge

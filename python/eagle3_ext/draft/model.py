@@ -14,11 +14,11 @@ from torch import nn
 
 from .. import ops
 from ..errors import BadInputError
+from ..linear import linear, linears
 from .aux_layers import AuxLayerResolution, check_aux_layers, eagle_default_aux_layers, target_dims
 from .cache import Allocate, DraftKVCache
 from .checkpoint import load_draft, save_draft
 from .config import Eagle3DraftConfig
-from ..linear import linear, linears
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 from .capture_cache import CaptureConfig, capture
 from .regenerate import RegenerateConfig, regenerate
-from .trainer import TrainConfig, Trainer, TrainResult, train
+from .trainer import TrainConfig, TrainResult, Trainer, train
 from .ttt import expected_acceptance_length, ttt_forward
 from .vocab import build_vocab_mapping
 

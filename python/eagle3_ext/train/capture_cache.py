@@ -22,8 +22,8 @@ from safetensors.torch import save_file
 
 from .. import validation
 from ..dtypes import DTYPES, check_dtype_name
-from ..preflight.loading import default_device
 from ..errors import BadInputError
+from ..preflight.loading import default_device
 from .cache import CONFIG_DIR, FORMAT, MANIFEST, PARTS, VERSION, bytes_per_token
 from .data import batches
 from .layout import make_layout

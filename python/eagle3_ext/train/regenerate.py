@@ -48,14 +48,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import validation
-from ..distributed import tp
-from ..dtypes import DTYPES, check_dtype_name
-from ..bench.baseline import hf_generate
 from ..api.config import SamplingConfig
 from ..api.generator import SpeculativeGenerator
-from ..preflight.loading import check_device, default_device, load_target, load_tokenizer
 from ..api.settings import MAX_SEED
+from ..bench.baseline import hf_generate
+from ..distributed import tp
+from ..dtypes import DTYPES, check_dtype_name
 from ..errors import BadInputError, BadInputTypeError
+from ..preflight.loading import check_device, default_device, load_target, load_tokenizer
 from .data import jsonl_records
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from ..decoding.capture import AuxHiddenCapture
 from ..distributed import tp
 from ..draft import eagle_default_aux_layers, fingerprint
 from ..draft.aux_layers import target_dims
-from ..preflight.loading import check_context, load_target, load_tokenizer
 from ..errors import BadInputError
+from ..preflight.loading import check_context, load_target, load_tokenizer
 from .data import Example, collate, load_examples
 from .ttt import TargetView, target_pass
 from .vocab import build_vocab_mapping

@@ -14,13 +14,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..draft import Eagle3DraftConfig, Eagle3DraftModel
-from ..draft.config import SUPPORTED_ROPE_TYPES
-from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from .. import validation
+from ..draft import Eagle3DraftConfig, Eagle3DraftModel
+from ..draft.aux_layers import CONVENTION_DOC, target_dims
+from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..dtypes import DTYPES, check_dtype_name
-from ..preflight.loading import check_device, default_device
 from ..errors import BadInputError, BadInputTypeError, MissingPathError
+from ..preflight.loading import check_device, default_device
 from .cache import CAPTURE_FIELDS, CachedTarget
 from .data import batches
 from .data_parallel import DataParallel
