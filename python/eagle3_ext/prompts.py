@@ -17,15 +17,15 @@ def load_prompts(path: str) -> List[str]:
     return [prompt for prompt, _ in load_prompt_records(path)]
 
 
-def load_categories(path: str) -> List[str]:
-    """The "category" of every prompt of a JSONL file, in order; an error naming the file and the
-    first line without a non-empty "category" string (a text file has none)."""
+def load_categorized_prompts(path: str) -> Tuple[List[str], List[str]]:
+    """The prompts of a JSONL file and the "category" of each, in order; an error naming the file
+    and the first prompt without a non-empty "category" string (a text file has none)."""
     records = load_prompt_records(path)
     for n, (_, category) in enumerate(records, 1):
         if category is None:
             raise BadInputError(f"{path}: prompt {n} has no \"category\" (a JSONL line "
                                 f"{{\"prompt\": ..., \"category\": ...}} gives it one)")
-    return [category for _, category in records]
+    return [prompt for prompt, _ in records], [category for _, category in records]
 
 
 def load_prompt_records(path: str) -> List[Tuple[str, Optional[str]]]:

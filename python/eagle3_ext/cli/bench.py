@@ -79,7 +79,7 @@ def _parse_trees(specs):
 def run(args) -> int:
     from ..api import CompileOptions
     from ..bench.suite import SAMPLED_DEFAULT, BenchConfig, run_bench, run_sweep, sweep_configs
-    from ..prompts import load_categories, load_prompts
+    from ..prompts import load_categorized_prompts, load_prompts
 
     resolve_pair(args)
     if args.pair == "smollm2" and args.prompts is None:  # its own held-out set, in four categories
@@ -87,14 +87,18 @@ def run(args) -> int:
     if args.by_category and args.prompts is None:
         raise BadInputError("--by-category needs --prompts (a JSONL file whose lines have a \"category\") or "
                             "--pair smollm2")
+    prompts = categories = None
+    if args.by_category:
+        prompts, categories = load_categorized_prompts(args.prompts)
+    elif args.prompts:
+        prompts = load_prompts(args.prompts)
     cfg = BenchConfig(target=args.target, draft=args.draft, max_new_tokens=args.max_new_tokens,
                       batch_sizes=args.batch_sizes, out=args.out, dtype=args.dtype, draft_dtype=args.draft_dtype,
                       num_prompts=args.num_prompts, compiled_baseline=not args.no_compiled_baseline,
                       llama_cpp=not args.no_llama_cpp, llama_cpp_dir=args.llama_cpp_dir,
                       compile=CompileOptions() if args.compile else False,
                       chat=args.chat,
-                      prompts=load_prompts(args.prompts) if args.prompts else None,
-                      categories=load_categories(args.prompts) if args.by_category else None,
+                      prompts=prompts, categories=categories,
                       temperatures=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.tree:
         cfg.configs = _parse_trees(args.tree)

@@ -99,7 +99,7 @@ class SdpaVerify(VerifyForward):
         self.windows = layer_windows(model.config)
 
     def __call__(self, capture: AuxHiddenCapture, cache, tree: TreeInputs) -> TargetOutput:
-        masks = self.masks(tree, int(tree.tree_start.max()))
+        masks = self.masks(tree, cache.get_seq_length())  # (a DynamicCache's length: its shape, no sync)
         with torch.no_grad(), capture:
             out = self.model(input_ids=tree.tokens, position_ids=tree.positions, attention_mask=masks, cache=cache,
                              use_cache=True)
