@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import cpu_flags
+from conftest import TOLERANCES, cpu_flags
 from eagle3_ext import linear as routes
 from eagle3_ext.linear import MIN_ROWS, float32_gemms
 
@@ -169,3 +169,49 @@ def test_gemm_dtype_and_the_roofline_matmul_rate(no_native):
     with spy:
         measure_machine(torch.bfloat16)
     assert spy.seen and set(spy.seen) == {torch.float32}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_eager_verify_streams_a_trees_rows_and_multiplies_a_batchs_half_rows_in_float32(
+        no_native, tmp_path, dtype):
+    """The eager verify (eager_linears): one request's 6-token chain runs its 14 projections and
+    the head through the streaming kernel; three requests' 18 rows of bfloat16 run in float32
+    (float32 ones stay with ATen). The logits are the target's own forward over prompt + chain."""
+    import copy
+    from types import SimpleNamespace
+
+    from eagle3_ext.decoding.capture import AuxHiddenCapture
+    from eagle3_ext.decoding.target import TargetRunner
+    from tiny_models import make_target
+
+    target, _ = make_target(str(tmp_path), layers=2)
+    target = target.to(dtype)
+
+    class Products(GemmDtypes):
+        """Also records the streaming kernel's calls."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.eagle3.fused_aux_fc:
+                self.seen.append("stream")
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def verify(batch, n=6, prompt=9):
+        ids = torch.randint(3, 100, (batch, prompt + n), generator=torch.Generator().manual_seed(batch))
+        runner = TargetRunner(target, AuxHiddenCapture(target, [0, 1, 2]), use_tree_attention=True)
+        runner.prefill(ids[:, :prompt], torch.ones_like(ids[:, :prompt]))
+        chain = SimpleNamespace(draft_tokens=ids[:, prompt:], positions=torch.arange(prompt, prompt + n).repeat(batch),
+                                tree_mask=torch.ones(n, n, dtype=torch.bool).tril().expand(batch, n, n).contiguous())
+        spy = Products()
+        with spy:
+            logits = runner.verify(chain).logits
+        return ids, logits, spy.seen
+
+    ids, logits, seen = verify(1)
+    assert seen == ["stream"] * (7 * 2 + 1)
+    with torch.no_grad():
+        expected = copy.deepcopy(target).float()(ids).logits[:, -6:]
+    torch.testing.assert_close(logits.float(), expected, **({} if dtype == torch.float32 else TOLERANCES[dtype]))
+
+    _, logits, seen = verify(3)
+    assert seen == [torch.float32] * (7 * 2 + 1)
+    assert logits.dtype == dtype

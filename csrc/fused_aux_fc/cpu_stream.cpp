@@ -30,6 +30,7 @@ struct Step512<float> {
   static Acc zero() { return _mm512_setzero_ps(); }
   static float reduce(Acc v) { return _mm512_reduce_add_ps(v); }
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static __mmask16 full() { return 0xffff; }
 };
 
 template <>
@@ -50,6 +51,7 @@ struct Step512<c10::Half> {
   static Acc zero() { return _mm512_setzero_ps(); }
   static float reduce(Acc v) { return _mm512_reduce_add_ps(v); }
   static __mmask16 mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static __mmask16 full() { return 0xffff; }
 };
 
 template <>
@@ -74,6 +76,7 @@ struct Step512<c10::BFloat16> {
   static __mmask32 mask(int64_t n) {
     return static_cast<__mmask32>(n >= 32 ? 0xffffffffu : ((1u << n) - 1u));
   }
+  static __mmask32 full() { return 0xffffffffu; }
 };
 
 }  // namespace

@@ -21,26 +21,32 @@ namespace eagle3::fused_aux_fc {
 namespace {
 
 constexpr int64_t kLanes = 8;
+constexpr int64_t kBf16PairLanes = 2 * kLanes;
+
+// Every lane of a step: the loads of the full steps need no mask.
+struct Full {};
 
 // n < kLanes elements of p, zero-filled to kLanes.
-template <typename T>
-inline void copy_partial(const T* p, int64_t n, T (&buf)[kLanes]) {
+template <typename T, int64_t kN>
+inline void copy_partial(const T* p, int64_t n, T (&buf)[kN]) {
   std::memset(buf, 0, sizeof(buf));
   std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(T));
 }
 
+inline __m256 load_f32(const float* p, Full) { return _mm256_loadu_ps(p); }
 inline __m256 load_f32(const float* p, int64_t n) {
-  if (n == kLanes) return _mm256_loadu_ps(p);
   float buf[kLanes];
   copy_partial(p, n, buf);
   return _mm256_loadu_ps(buf);
 }
 
+inline __m256 load_f16(const c10::Half* p, Full) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline __m256 load_f16(const c10::Half* p, int64_t n) {
-  if (n == kLanes) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   c10::Half buf[kLanes];
   copy_partial(p, n, buf);
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(buf)));
+  return load_f16(buf, Full{});
 }
 
 // 16 bf16 elements as fp32: lane j of ``even`` is element 2j, of ``odd`` element 2j + 1.
@@ -53,14 +59,13 @@ inline Bf16Pairs split_bf16(__m256i bits) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), _mm256_castsi256_ps(_mm256_and_si256(bits, high))};
 }
 
-constexpr int64_t kBf16PairLanes = 2 * kLanes;
-
+inline Bf16Pairs load_bf16_pairs(const c10::BFloat16* p, Full) {
+  return split_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 inline Bf16Pairs load_bf16_pairs(const c10::BFloat16* p, int64_t n) {
-  if (n == kBf16PairLanes) return split_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   c10::BFloat16 buf[kBf16PairLanes];
-  std::memset(buf, 0, sizeof(buf));
-  std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(c10::BFloat16));
-  return split_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf)));
+  copy_partial(p, n, buf);
+  return load_bf16_pairs(buf, Full{});
 }
 
 inline float reduce8(__m256 v) {
@@ -70,19 +75,17 @@ inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 16 ymm registers: a 4 x 2 accumulator grid, 4 weight vectors and one activation vector.
+// The common part of the three dtypes' steps. The tiles are each dtype's own, sized so that the
+// kF x kR accumulators, the weights and the activation fit the 16 ymm registers: a tile that
+// spills runs at half speed. Measured on SmolLM2-135M's 6-row verify (2 threads, weights in
+// memory), the fp32 tiles 3 x 4 and 4 x 3 tie and 4 x 2 and 2 x 4 are slower; bf16's 2 x 4 and
+// 2 x 3 tie and 3 x 2 and 4 x 2 spill.
 struct Step256Base {
   using Acc = __m256;
-  using W = __m256;
-  using X = __m256;
   using Mask = int64_t;  // valid lanes
   static constexpr int64_t kWidth = kLanes;
-  static constexpr int64_t kFeatureTile = 4;
-  static constexpr int64_t kRowTile = 2;
-  // 16 vector registers: 4 weights, 4 accumulators and the activation already take 9.
-  static constexpr int64_t kOneRowFeatureTile = 4;
   static Mask mask(int64_t n) { return n; }
-  static Acc fma(Acc acc, W w, X x) { return _mm256_fmadd_ps(w, x, acc); }
+  static Full full() { return {}; }
   static Acc zero() { return _mm256_setzero_ps(); }
   static float reduce(Acc v) { return reduce8(v); }
 };
@@ -90,28 +93,48 @@ struct Step256Base {
 template <typename scalar_t>
 struct Step256;
 
-template <>
-struct Step256<float> : Step256Base {
-  static W load_w(const float* p, Mask n) { return load_f32(p, n); }
-  static X load_x(const float* p, Mask n) { return load_f32(p, n); }
+// fp32 and fp16 (widened on load): 3 x 4 accumulators, 3 weights and the activation: 16.
+struct Step256Fp32Tiles : Step256Base {
+  using W = __m256;
+  using X = __m256;
+  static constexpr int64_t kFeatureTile = 3;
+  static constexpr int64_t kRowTile = 4;
+  static constexpr int64_t kOneRowFeatureTile = 4;
+  static Acc fma(Acc acc, W w, X x) { return _mm256_fmadd_ps(w, x, acc); }
 };
 
 template <>
-struct Step256<c10::Half> : Step256Base {
-  static W load_w(const c10::Half* p, Mask n) { return load_f16(p, n); }
-  static X load_x(const float* p, Mask n) { return load_f32(p, n); }  // widened by the caller
+struct Step256<float> : Step256Fp32Tiles {
+  template <typename M>
+  static W load_w(const float* p, M m) { return load_f32(p, m); }
+  template <typename M>
+  static X load_x(const float* p, M m) { return load_f32(p, m); }
+};
+
+template <>
+struct Step256<c10::Half> : Step256Fp32Tiles {
+  template <typename M>
+  static W load_w(const c10::Half* p, M m) { return load_f16(p, m); }
+  template <typename M>
+  static X load_x(const float* p, M m) { return load_f32(p, m); }  // widened by the caller
 };
 
 // 16 elements a step (the file's comment): one accumulator per (feature, row), two FMAs into it.
+// 2 x 4 accumulators, 2 weights' halves and the activation's halves: 14 registers.
 template <>
 struct Step256<c10::BFloat16> : Step256Base {
   using W = Bf16Pairs;
   using X = Bf16Pairs;
   static constexpr int64_t kWidth = kBf16PairLanes;
+  static constexpr int64_t kFeatureTile = 2;
+  static constexpr int64_t kRowTile = 4;
   // The single-row tile stays at 4 features: four weights' halves, four accumulators and the
   // activation's halves take 14 of the 16 registers (8 features spilled: 120 us for the head).
-  static W load_w(const c10::BFloat16* p, Mask n) { return load_bf16_pairs(p, n); }
-  static X load_x(const c10::BFloat16* p, Mask n) { return load_bf16_pairs(p, n); }
+  static constexpr int64_t kOneRowFeatureTile = 4;
+  template <typename M>
+  static W load_w(const c10::BFloat16* p, M m) { return load_bf16_pairs(p, m); }
+  template <typename M>
+  static X load_x(const c10::BFloat16* p, M m) { return load_bf16_pairs(p, m); }
   static Acc fma(Acc acc, const W& w, const X& x) {
     return _mm256_fmadd_ps(w.odd, x.odd, _mm256_fmadd_ps(w.even, x.even, acc));
   }

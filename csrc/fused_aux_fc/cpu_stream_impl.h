@@ -13,7 +13,8 @@
 // A Step<scalar_t> gives: Acc (fp32 accumulator vector), W / X (loaded weight / activation
 // vectors), kWidth (hidden elements per step), kFeatureTile, kRowTile, kOneRowFeatureTile
 // (the feature tile for a single activation row), Mask with mask(n) (the first n of kWidth
-// lanes), load_w / load_x (zero beyond the mask), fma, zero and reduce (horizontal sum).
+// lanes) and full() (every lane: a mask, or a type of its own whose loads need none), load_w /
+// load_x (zero beyond the mask), fma, zero and reduce (horizontal sum).
 //
 // One activation row (a decode step) gives each loaded weight vector one multiply-add, so the
 // loop is bound by the multiply-add's latency along each accumulator and by the weight's
@@ -70,7 +71,22 @@ inline scalar_t from_float(float v) {
 // stays in L1 while every row tile passes over it, so L2 serves each weight byte once.
 constexpr int64_t kChunk = 512;
 
-// Adds the products over hidden [h0, h1) of segment s to acc[f][row0 + r].
+// One vector step at hidden offset h over lanes m: loads kF weight vectors and multiplies each
+// with the kR activation rows into v.
+template <typename S, typename scalar_t, typename XT, int64_t kF, int64_t kR, typename M>
+inline __attribute__((always_inline)) void tile_step(const scalar_t* w, int64_t w_stride, const XT* x,
+                                                     int64_t x_stride, int64_t h, M m, typename S::Acc (&v)[kF][kR]) {
+  typename S::W wv[kF];
+  for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * w_stride + h, m);
+  for (int64_t r = 0; r < kR; ++r) {
+    const typename S::X xv = S::load_x(x + r * x_stride + h, m);
+    for (int64_t f = 0; f < kF; ++f) v[f][r] = S::fma(v[f][r], wv[f], xv);
+  }
+}
+
+// Adds the products over hidden [h0, h1) of segment s to acc[f][row0 + r]. The full steps run
+// in a loop of their own and the partial last step after it: a tail branch inside the loop
+// (AVX2's partial loads go through a copy) made the compiler keep the accumulators on the stack.
 template <typename S, typename scalar_t, int64_t kF, int64_t kR>
 inline void tile_chunk(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0, int64_t s, int64_t h0, int64_t h1,
                        typename S::Acc (*acc)[kStreamRowsCap]) {
@@ -80,23 +96,22 @@ inline void tile_chunk(const StreamArgs<scalar_t>& a, int64_t n0, int64_t row0, 
     for (int64_t r = 0; r < kR; ++r) v[f][r] = acc[f][row0 + r];
   const scalar_t* w = a.weight + n0 * a.w_stride + s * a.hidden;
   const XT* x = a.x[s] + row0 * a.x_stride[s];
-  const auto full = S::mask(S::kWidth);
-  // The next block's rows, kF rows on (a hint: past the weight's end it is dropped, not read).
-  const bool prefetch = row0 == 0;
-  const char* next = reinterpret_cast<const char*>(w + kF * a.w_stride);
-  for (int64_t h = h0; h < h1; h += S::kWidth) {
-    const auto m = h + S::kWidth <= h1 ? full : S::mask(h1 - h);
-    typename S::W wv[kF];
-    for (int64_t f = 0; f < kF; ++f) wv[f] = S::load_w(w + f * a.w_stride + h, m);
-    if (prefetch) {
+  const int64_t ws = a.w_stride, xs = a.x_stride[s];
+  const auto full = S::full();
+  int64_t h = h0;
+  if (row0 == 0) {
+    // The first row tile prefetches the next block's rows, kF rows on (a hint: past the
+    // weight's end it is dropped, not read).
+    const char* next = reinterpret_cast<const char*>(w + kF * ws);
+    for (; h + S::kWidth <= h1; h += S::kWidth) {
       for (int64_t f = 0; f < kF; ++f)
-        _mm_prefetch(next + (f * a.w_stride + h) * static_cast<int64_t>(sizeof(scalar_t)), _MM_HINT_T0);
+        _mm_prefetch(next + (f * ws + h) * static_cast<int64_t>(sizeof(scalar_t)), _MM_HINT_T0);
+      tile_step<S, scalar_t, XT, kF, kR>(w, ws, x, xs, h, full, v);
     }
-    for (int64_t r = 0; r < kR; ++r) {
-      const typename S::X xv = S::load_x(x + r * a.x_stride[s] + h, m);
-      for (int64_t f = 0; f < kF; ++f) v[f][r] = S::fma(v[f][r], wv[f], xv);
-    }
+  } else {
+    for (; h + S::kWidth <= h1; h += S::kWidth) tile_step<S, scalar_t, XT, kF, kR>(w, ws, x, xs, h, full, v);
   }
+  if (h < h1) tile_step<S, scalar_t, XT, kF, kR>(w, ws, x, xs, h, S::mask(h1 - h), v);
   for (int64_t f = 0; f < kF; ++f)
     for (int64_t r = 0; r < kR; ++r) acc[f][row0 + r] = v[f][r];
 }

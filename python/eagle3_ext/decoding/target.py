@@ -23,7 +23,7 @@ import torch
 
 from ..compiled.verify import CompiledVerify
 from ..draft.cache import compact_rows
-from ..linear import float32_gemms
+from ..linear import eager_linears, float32_gemms
 from .capture import AuxHiddenCapture
 from .tree import DraftTree
 from .verify_forward import SdpaVerify, TargetOutput, TreeAttentionVerify, TreeInputs, VerifyForward
@@ -92,7 +92,11 @@ class TargetRunner:
         self._tree_start = torch.full_like(self.seq_lens, self._length())  # where the cache appends the tree
         inputs = TreeInputs(tree.draft_tokens, tree.positions.view(b, n), tree.tree_mask.view(b, n, n),
                             self.seq_lens, self._tree_start)
-        return self.forward(self.capture, self.cache, inputs)
+        if self.compiled is not None:
+            return self.forward(self.capture, self.cache, inputs)
+        weight = self.model.get_input_embeddings().weight
+        with eager_linears(weight.device, weight.dtype):  # (linear.py)
+            return self.forward(self.capture, self.cache, inputs)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keeps only the requests at indices ``keep`` (finished ones leave the batch)."""
