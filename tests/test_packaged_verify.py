@@ -10,7 +10,9 @@ import torch
 
 from eagle3_ext.api import CompileOptions, SpeculativeGenerator, TreeConfig
 from eagle3_ext.bench.baseline import hf_generate
-from eagle3_ext.compiled.verify import packaged
+from eagle3_ext.bench.generate_job import GenerateRequest, compile_choice
+from eagle3_ext.api.inputs import encode_prompt
+from eagle3_ext.compiled.verify import packaged, verify_on_disk
 from eagle3_ext.compiled.packages import package_dir, package_key, weights_digest
 from conftest import FAST_COMPILE
 from tiny_models import loaded_trained_pair
@@ -40,18 +42,54 @@ def test_a_float32_verify_is_built_once_and_loaded_by_the_next_generator(pair, t
     with torch.no_grad():
         for p in other.model.layers[-1].mlp.parameters():
             p.mul_(1.5)
+    options, tree = packages_in(tmp_path), TreeConfig.chain(3)
+    longest = max(len(encode_prompt(p, tok)) for p in PROMPTS)
+
+    def on_disk(model, batch=1, new_tokens=16):
+        return verify_on_disk(model, options, tree, draft.aux_layer_ids, batch, longest, new_tokens)
+
     runs = []
     for model in (target, target, other):
-        gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok, compile=packages_in(tmp_path))
+        before = on_disk(model)
+        gen = SpeculativeGenerator(model, draft, tree, tokenizer=tok, compile=options)
         assert gen.compiled.verify.packages is not None
         outputs = [gen.generate(p, max_new_tokens=16, return_dict_in_generate=True).new_tokens for p in PROMPTS]
         assert outputs == [hf_generate(model, tok, [p], 16)[0] for p in PROMPTS]
-        runs.append((gen.compiled.verify.packages.builds, sorted(p.name for p in tmp_path.glob("*.pt2")), outputs))
-    (built, files, first), (loaded, same_files, again), (rebuilt, more_files, theirs) = runs
-    assert built == 1 and len(files) == 1          # one shape: batch 1, chain 3, 512 slots
-    assert loaded == 0 and same_files == files and again == first
-    assert rebuilt == 1 and len(more_files) == 2 and theirs != first
+        runs.append((before, gen.compiled.verify.packages.builds, sorted(p.name for p in tmp_path.glob("*.pt2")),
+                     outputs))
+    (found, built, files, first), (found_again, loaded, same_files, again), (found_other, rebuilt, more_files,
+                                                                             theirs) = runs
+    assert not found and built == 1 and len(files) == 1          # one shape: batch 1, chain 3, 512 slots
+    assert found_again and loaded == 0 and same_files == files and again == first
+    assert not found_other and rebuilt == 1 and len(more_files) == 2 and theirs != first
     assert sorted(p.name for p in tmp_path.iterdir()) == more_files   # no partial file left behind
+    # verify_on_disk (what `--compile auto` asks) says no for a call of another shape: another
+    # batch size, or a cache of another capacity (longer than 512 slots).
+    assert on_disk(target) and not on_disk(target, batch=2) and not on_disk(target, new_tokens=600)
+    # `eagle3 generate --compile auto`: compiled where the package is on disk, else eager with a note.
+    auto = GenerateRequest(compile=options, compile_if_on_disk=True, max_new_tokens=16, depth=3, chain=True,
+                           lookup_tokens=0)
+    assert compile_choice(auto, target, draft, tok, PROMPTS[0]) == (options, "compiled: the verify's compiled form "
+                                                                             "was on disk")
+    unseen = copy.deepcopy(other)
+    with torch.no_grad():
+        unseen.lm_head.weight.mul_(2.0)
+    chosen, note = compile_choice(auto, unseen, draft, tok, PROMPTS[0])
+    assert chosen is None and note.startswith("eager: no compiled verify of this target, tree and length on disk")
+
+
+def test_compile_auto_runs_eager_without_packages_and_is_off_unless_asked(pair, tmp_path):
+    """Only a float32 CPU target's verify is kept on disk: a bfloat16 one runs eager under
+    ``--compile auto``. Without auto the choice is the request's own, with no note."""
+    target, tok, draft = pair
+    options = packages_in(tmp_path)
+    half = copy.deepcopy(target).to(torch.bfloat16)
+    assert not verify_on_disk(half, options, TreeConfig.chain(3), draft.aux_layer_ids, 1, 8, 16)
+    auto = GenerateRequest(compile=options, compile_if_on_disk=True)
+    assert compile_choice(auto, half, draft, tok, PROMPTS[0])[0] is None
+    assert compile_choice(GenerateRequest(compile=options), target, draft, tok, PROMPTS[0]) == (options, None)
+    assert compile_choice(GenerateRequest(compile_if_on_disk=True), target, draft, tok, PROMPTS[0]) == (None, None)
+    assert not list(tmp_path.iterdir())     # asking builds nothing
 
 
 @pytest.mark.slow

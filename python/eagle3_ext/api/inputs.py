@@ -57,7 +57,8 @@ def chat_prompt(text: str, tokenizer) -> str:
                                          tokenize=False)
 
 
-def _encode(text: str, tokenizer) -> List[int]:
+def encode_prompt(text: str, tokenizer) -> List[int]:
+    """A string prompt's token ids, as ``generate`` encodes it."""
     if tokenizer is None:
         raise BadInputError("string prompts need a tokenizer: pass tokenizer= or build the generator with one")
     bos = getattr(tokenizer, "bos_token", None)
@@ -97,14 +98,14 @@ def prepare(input_ids: Any, attention_mask: Optional[torch.Tensor], tokenizer, p
         raise BadInputError("attention_mask goes with an input_ids tensor; strings, messages and token lists bring "
                             "their own lengths")
     if isinstance(input_ids, str):
-        rows = [_encode(input_ids, tokenizer)]
+        rows = [encode_prompt(input_ids, tokenizer)]
     elif isinstance(input_ids, (list, tuple)) and input_ids and all(_is_message(m) for m in input_ids):
         rows = [_render_chat(list(input_ids), tokenizer)]
     elif isinstance(input_ids, (list, tuple)) and input_ids:
         rows = []
         for p in input_ids:
             if isinstance(p, str):
-                rows.append(_encode(p, tokenizer))
+                rows.append(encode_prompt(p, tokenizer))
             elif isinstance(p, (list, tuple)) and p and all(_is_message(m) for m in p):
                 rows.append(_render_chat(list(p), tokenizer))
             elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):

@@ -8,9 +8,10 @@ from typing import Any, Dict, Optional, Union
 
 from ..api.config import SamplingConfig, TreeConfig
 from ..api.generator import SpeculativeGenerator
-from ..api.inputs import chat_prompt, uses_chat
+from ..api.inputs import chat_prompt, encode_prompt, uses_chat
 from ..api.settings import MAX_SEED
 from ..compiled.options import CompileOptions, compile_options
+from ..compiled.verify import verify_on_disk
 from ..distributed import tp
 from ..dtypes import check_dtype_name
 from ..errors import BadInputError
@@ -52,6 +53,8 @@ class GenerateRequest:
     strict_capture: bool = True         # the capture guard raises (False: warns)
     compile: Union[bool, None, CompileOptions] = False  # the verify forward and the draft loop compiled
                                         # (True: CompileOptions(); False / None: not compiled)
+    compile_if_on_disk: bool = False    # with compile: only when the verify's compiled form is on disk
+                                        # (compiled.verify.verify_on_disk), else eager
     chat: Optional[bool] = None         # the prompt as a user turn of the chat template (None: if the
                                         # tokenizer has one)
 
@@ -63,6 +66,7 @@ class GenerateRequest:
         integer("seed", self.seed, 0, MAX_SEED)
         choice("attention", self.attention, ("tree", "sdpa"))
         compile_options(self.compile)
+        boolean("compile_if_on_disk", self.compile_if_on_disk)
         boolean("sampled_draft", self.sampled_draft)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
@@ -116,15 +120,31 @@ def load_pair(target_dir: str, draft_dir: str, dtype: str, draft_dtype: Optional
     return load_pair_for_generation(target_dir, draft_dir, None, dtype, draft_dtype)
 
 
+def compile_choice(req: GenerateRequest, target, draft, tokenizer, prompt: str):
+    """(the ``compile=`` to build the generator with, a note on that choice or None). With
+    ``compile_if_on_disk``, compiling a verify costs minutes on a small CPU and pays off only over
+    many calls, so a run compiles only when an earlier one left the verify's compiled form on disk
+    (``verify_on_disk``) and otherwise runs eager."""
+    options = compile_options(req.compile)
+    if options is None or not req.compile_if_on_disk:
+        return options, None
+    if verify_on_disk(target, options, req.tree(), [int(i) for i in draft.aux_layer_ids], 1, len(encode_prompt(prompt, tokenizer)),
+                      req.max_new_tokens):
+        return options, "compiled: the verify's compiled form was on disk"
+    return None, ("eager: no compiled verify of this target, tree and length on disk (--compile builds it once, "
+                  "minutes on a small CPU; later runs with --compile or --compile auto load it)")
+
+
 def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
 
     target_dir, draft_dir = resolve_models(req.target, req.draft, req.dtype)
     target, draft, tokenizer = load_pair(target_dir, draft_dir, req.dtype, req.draft_dtype)
-    gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
-                               check_ranks=req.check_ranks, strict=req.strict_capture, compile=req.compile)
     chat = uses_chat(req.chat, tokenizer)
     question = req.prompt if req.prompt is not None else DEFAULT_CHAT_PROMPT if chat else DEFAULT_PROMPT
     prompt = chat_prompt(question, tokenizer) if chat else question
+    options, compile_note = compile_choice(req, target, draft, tokenizer, prompt)
+    gen = SpeculativeGenerator(target, draft, req.tree(), tokenizer=tokenizer, attention=req.attention,
+                               check_ranks=req.check_ranks, strict=req.strict_capture, compile=options)
     streamer = None
     if progress and tp.rank() == 0:
         from transformers import TextStreamer
@@ -149,7 +169,8 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "depth_acceptance": stats.depth_acceptance, "acceptance_bound": stats.acceptance_bound,
         "depth_acceptance_bound": stats.depth_acceptance_bound, "tokens_per_s": stats.tokens_per_s,
         "draft_time_s": stats.draft_time_s, "verify_time_s": stats.verify_time_s, "time_s": stats.total_time_s,
-        "compiled": compiled, "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
+        "compiled": compiled, "compile_note": compile_note,
+        "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
         "lookup_proposed": stats.lookup_proposed, "lookup_accepted": stats.lookup_accepted,
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens,
                  "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram},

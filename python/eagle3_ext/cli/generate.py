@@ -53,9 +53,10 @@ def add_parser(sub) -> None:
                    help="under torchrun: verify that every rank produced the same tokens")
     p.add_argument("--no-strict-capture", action="store_true",
                    help="warn instead of failing when the captured states do not match the draft's fingerprint")
-    p.add_argument("--compile", action="store_true",
+    p.add_argument("--compile", nargs="?", const="always", choices=["always", "auto"],
                    help="run the verify forward and the draft loop as torch.compile graphs over static caches "
-                        "(compiles first)")
+                        "(compiles first); 'auto': only when an earlier run left the compiled verify on disk "
+                        "(a float32 target on CPU), else eager")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -81,7 +82,8 @@ def run(args) -> int:
                               seed=args.seed, baseline=args.baseline, chat=args.chat, dtype=args.dtype,
                               draft_dtype=args.draft_dtype,
                               check_ranks=args.check_ranks, strict_capture=not args.no_strict_capture,
-                              compile=CompileOptions() if args.compile else False)
+                              compile=CompileOptions() if args.compile else False,
+                              compile_if_on_disk=args.compile == "auto")
     this_rank = rank()
     try:
         report = run_generate(request, progress=not args.json)
@@ -107,6 +109,8 @@ def run(args) -> int:
             if report.get("identical") is not None:
                 line += ", outputs identical" if report["identical"] else _divergence_text(report.get("divergence"))
         print(line, file=sys.stderr)
+        if report["compile_note"] is not None:
+            print(report["compile_note"], file=sys.stderr)
     return 0 if output_ok(report) else 1
 
 

@@ -179,6 +179,23 @@ def packaged(weight: torch.Tensor, options: CompileOptions) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and options.packages
 
 
+def verify_on_disk(model, options: CompileOptions, tree, aux_ids: Sequence[int], batch: int, prompt_tokens: int,
+                   new_tokens: int) -> bool:
+    """Whether compiling ``model``'s verify for a call of ``batch`` prompts of at most
+    ``prompt_tokens`` tokens and ``new_tokens`` new tokens with ``tree`` (a TreeConfig) would load
+    it from disk rather than build it: a float32 target on CPU (``packaged``) whose AOTInductor
+    package for that batch size, cache capacity and one of the tree's sizes an earlier compiled
+    call stored. Other targets compile with ``torch.compile``, whose cache is not asked: False."""
+    weight = model.get_input_embeddings().weight
+    options = options.with_environment()
+    if not packaged(weight, options):
+        return False
+    packages = PackagedVerify(model, inductor_settings(weight.device, options), options.package_dir)
+    capacity = static_capacity(prompt_tokens, new_tokens, tree.num_draft_tokens)
+    return any(packages.path(((batch, size), capacity), aux_ids).exists()
+               for size in node_buckets(tree.num_draft_tokens, tree.lookup_tokens))
+
+
 class CompiledVerify(ShapeClock, VerifyForward):
     """The target's tree forward, compiled once per shape: a graph of ``torch.compile``, or for a
     float32 target on CPU an AOTInductor package stored on disk (``packaged``)."""
