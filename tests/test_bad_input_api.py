@@ -119,7 +119,7 @@ CASES = [
      "compile must be True, False, None or a CompileOptions, got 'yes' (str)"),  # before the models load
     # --- CompileOptions -------------------------------------------------------------------------
     ("CompileOptions", "autotune", "wrong type", lambda c: CompileOptions(autotune=1), TypeError,
-     "CompileOptions.autotune must be True or False, got 1 (int)"),
+     "CompileOptions.autotune must be True, False or None, got 1 (int)"),
     ("CompileOptions", "cpp_wrapper", "wrong type", lambda c: CompileOptions(cpp_wrapper="no"), TypeError,
      "CompileOptions.cpp_wrapper must be True or False, got 'no' (str)"),
     ("CompileOptions", "cuda_graphs", "wrong type", lambda c: CompileOptions(cuda_graphs=None), TypeError,

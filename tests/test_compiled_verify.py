@@ -10,7 +10,7 @@ import torch
 from eagle3_ext.api import CompileOptions, SpeculativeGenerator, TreeConfig
 from eagle3_ext.bench.baseline import hf_generate
 from eagle3_ext.bench.divergence import first_divergence, fp32_reference
-from eagle3_ext.compiled.verify import (CAPACITY_MULTIPLE, cuda_graphs, inductor_settings, node_buckets,
+from eagle3_ext.compiled.verify import (CAPACITY_MULTIPLE, autotunes, cuda_graphs, inductor_settings, node_buckets,
                                                  static_capacity)
 from conftest import FAST_COMPILE, HAS_CUDA, calls_after_a_first
 from tiny_models import loaded_trained_pair
@@ -62,9 +62,12 @@ def test_inductor_settings():
                  "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     default = CompileOptions()
-    assert inductor_settings(cpu, default) == {**autotuned, "cpp_wrapper": True}  # both on by default
+    # The C++ wrapper by default; autotuning by default where the CPU lacks AVX-512 (autotunes).
+    assert autotunes(default) == (torch.backends.cpu.get_cpu_capability() != "AVX512")
+    assert autotunes(CompileOptions(autotune=True)) and not autotunes(CompileOptions(autotune=False))
+    assert inductor_settings(cpu, default) == {**(autotuned if autotunes(default) else frozen), "cpp_wrapper": True}
     assert inductor_settings(cuda, default) == {"triton.cudagraphs": True}   # CUDA graphs by default
-    assert inductor_settings(cpu, CompileOptions(cpp_wrapper=False)) == autotuned
+    assert inductor_settings(cpu, CompileOptions(autotune=True, cpp_wrapper=False)) == autotuned
     assert inductor_settings(cpu, CompileOptions(autotune=False)) == {**frozen, "cpp_wrapper": True}
     assert inductor_settings(cpu, FAST_COMPILE) == frozen
     no_graphs = CompileOptions(cuda_graphs=False)
@@ -116,8 +119,8 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
 
 
 def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair):
-    """The CPU graphs as users get them (weights frozen, GEMMs autotuned, C++ wrapper; the float32
-    verify's package is test_packaged_verify's): token-identical to greedy decoding over
+    """The CPU graphs with every option on (weights frozen, GEMMs autotuned as on CPUs without
+    AVX-512, C++ wrapper; the float32 verify's package is test_packaged_verify's): token-identical to greedy decoding over
     consecutive calls (on the cache buffers the generator keeps) and for a second target of the
     same shape but other weights (frozen constants belong to one generator)."""
     target, tok, draft = pair
@@ -127,8 +130,8 @@ def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair):
             p.mul_(1.5)
     for model in (target, other):
         gen = SpeculativeGenerator(model, draft, TreeConfig.chain(3), tokenizer=tok,
-                                   compile=CompileOptions(packages=False))
-        assert gen.compiled.options == CompileOptions(packages=False).with_environment()
+                                   compile=CompileOptions(autotune=True, packages=False))
+        assert gen.compiled.options == CompileOptions(autotune=True, packages=False).with_environment()
         for prompt in PROMPTS[:2]:
             expected = hf_generate(model, tok, [prompt], 16)[0]
             assert gen.generate(prompt, max_new_tokens=16, return_dict_in_generate=True).new_tokens == expected

@@ -76,10 +76,14 @@ def number(name: str, value: Any, minimum: Optional[float] = None, maximum: Opti
     return float(value)
 
 
-def boolean(name: str, value: Any) -> bool:
-    """``value`` if it is a bool (1 and "yes" are not: a typo would pass as a switch)."""
+def boolean(name: str, value: Any, allow_none: bool = False) -> Optional[bool]:
+    """``value`` if it is a bool (1 and "yes" are not: a typo would pass as a switch), or None
+    where ``allow_none`` (a switch left to a default chosen later)."""
+    if value is None and allow_none:
+        return None
     if not isinstance(value, bool):
-        raise BadInputTypeError(_fault(name, "True or False", f"{value!r} ({type(value).__name__})"))
+        expected = "True, False or None" if allow_none else "True or False"
+        raise BadInputTypeError(_fault(name, expected, f"{value!r} ({type(value).__name__})"))
     return value
 
 

@@ -33,9 +33,11 @@ class CompileOptions:
     of a round. ``compile=True`` is ``CompileOptions()``.
 
     Fields (default; the environment variable that overrides it):
-        autotune: True. On CPU, Inductor autotunes each graph's GEMMs (its C++ GEMM template
-            against ATen's): faster graphs, compiles several times slower. False keeps ATen's
-            GEMMs. ``EAGLE3_COMPILE_AUTOTUNE=0`` / ``=1``.
+        autotune: None. On CPU, Inductor autotunes each graph's GEMMs (its C++ GEMM template
+            against ATen's): compiles several times slower, for faster graphs where ATen's GEMMs
+            over a few rows are slow. None autotunes where that was measured to pay (``autotunes``
+            in compiled/verify.py: CPUs without AVX-512); False keeps ATen's GEMMs.
+            ``EAGLE3_COMPILE_AUTOTUNE=0`` / ``=1``.
         cpp_wrapper: True. On CPU, a graph's kernels are launched from C++ rather than from
             Python: faster calls, slower compiles. ``EAGLE3_COMPILE_CPP_WRAPPER=0`` / ``=1``.
         cuda_graphs: True. On CUDA, the graphs run as CUDA graphs (Inductor's
@@ -54,14 +56,15 @@ class CompileOptions:
     (``with_environment``), and a switch other than 0 or 1 raises a ValueError naming it.
     """
 
-    autotune: bool = True
+    autotune: Optional[bool] = None
     cpp_wrapper: bool = True
     cuda_graphs: bool = True
     packages: bool = True
     package_dir: Optional[Union[str, os.PathLike]] = None
 
     def __post_init__(self) -> None:
-        for name in ("autotune", "cpp_wrapper", "cuda_graphs", "packages"):
+        boolean("CompileOptions.autotune", self.autotune, allow_none=True)
+        for name in ("cpp_wrapper", "cuda_graphs", "packages"):
             boolean(f"CompileOptions.{name}", getattr(self, name))
         if self.package_dir is not None:
             object.__setattr__(self, "package_dir", Path(path("CompileOptions.package_dir", self.package_dir)))

@@ -90,10 +90,21 @@ def cuda_graphs(device: torch.device, options: CompileOptions) -> bool:
     return device.type == "cuda" and options.cuda_graphs
 
 
+def autotunes(options: CompileOptions) -> bool:
+    """Whether the CPU graphs autotune their GEMMs: ``options.autotune``, or where it is None,
+    whether this CPU lacks AVX-512. On a 2-core AVX2 VM Inductor's GEMM template over a frozen
+    weight ran a 6-row MLP twice as fast as ATen; on an AVX-512 VM it gained nothing (SmolLM2's
+    compiled verify 8% slower, three alternating runs) and the compile took 165 s against 107 s
+    (docs/benchmarks.md)."""
+    if options.autotune is not None:
+        return options.autotune
+    return torch.backends.cpu.get_cpu_capability() != "AVX512"
+
+
 def inductor_settings(device: torch.device, options: CompileOptions) -> Dict[str, object]:
     """Inductor settings of the compiled graphs on ``device`` (module docstring). Freezing needs
-    the calls to run without autograd, as generation does. ``autotune=False`` keeps ATen's GEMMs
-    (no autotuning: compiles several times faster, graphs slower); ``cpp_wrapper=False`` keeps
+    the calls to run without autograd, as generation does. Without autotuning (``autotunes``)
+    the graphs keep ATen's GEMMs (compiles several times faster; slower graphs on AVX2); ``cpp_wrapper=False`` keeps
     Inductor's Python wrapper (compiles faster, calls slower). On CUDA: CUDA graphs
     (``cuda_graphs``), otherwise Inductor's defaults."""
     if device.type == "cuda":
@@ -104,7 +115,7 @@ def inductor_settings(device: torch.device, options: CompileOptions) -> Dict[str
     # GEMM over weights concatenated at freezing: fewer, wider GEMMs, a faster verify in
     # alternating runs (docs/perf_notes.md).
     settings: Dict[str, object] = {"freezing": True, "cpp.enable_concat_linear": True}
-    if options.autotune:
+    if autotunes(options):
         # (the two last keep Inductor's autotuning reports off stderr)
         settings.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN", autotune_num_choices_displayed=0,
                         max_autotune_report_choices_stats=False)
