@@ -120,9 +120,9 @@ def test_compiled_greedy_is_token_identical_and_compiles_once(pair):
 
 def test_autotuned_frozen_graphs_follow_each_call_and_each_model(pair):
     """The CPU graphs with every option on (weights frozen, GEMMs autotuned as on CPUs without
-    AVX-512, C++ wrapper; the float32 verify's package is test_packaged_verify's): token-identical to greedy decoding over
-    consecutive calls (on the cache buffers the generator keeps) and for a second target of the
-    same shape but other weights (frozen constants belong to one generator)."""
+    AVX-512, C++ wrapper; the float32 verify's package is test_packaged_verify's): token-identical
+    to greedy decoding over consecutive calls (on the cache buffers the generator keeps) and for a
+    second target of the same shape but other weights (frozen constants belong to one generator)."""
     target, tok, draft = pair
     other = copy.deepcopy(target)
     with torch.no_grad():

@@ -113,6 +113,34 @@ def test_streamed_linears_route_only_few_half_precision_rows_without_gradients(m
     assert calls == [torch.bfloat16]
 
 
+def test_routed_modules_route_one_models_plain_linears_and_leave_as_they_were(monkeypatch):
+    """RoutedModules: inside the context the model's plain nn.Linear modules take the routes
+    (few rows streamed; the same products), other modules and a forward a hook library set are
+    left alone, and on exit every module is as it was; the context can be entered again."""
+    calls = []
+    op = torch.ops.eagle3.fused_aux_fc
+    monkeypatch.setattr(torch.ops.eagle3, "fused_aux_fc", lambda *a: calls.append(a[1].shape) or op(*a))
+
+    class Subclass(torch.nn.Linear):
+        pass
+
+    model = torch.nn.Sequential(_layer(48, 72, torch.float32, True), Subclass(72, 40),
+                                _layer(40, 24, torch.float32, False))
+    hooked = model[2]
+    hooked.forward = lambda x: F.linear(x, hooked.weight, hooked.bias)   # a wrapper set on the module
+    x = torch.randn(2, 3, 48)
+    with torch.no_grad():
+        expected = model(x)
+        routed = routes.RoutedModules(model, stream=[torch.float32])
+        for _ in range(2):
+            with routed:
+                torch.testing.assert_close(model(x), expected)
+                many = model(torch.randn(40, 48))            # 40 rows: ATen
+            assert "forward" not in vars(model[0]) and vars(hooked)["forward"] is not None
+    assert calls == [torch.Size([72, 48])] * 2 and many.shape == (40, 24)
+    assert model(x).shape == expected.shape and len(calls) == 2   # after the context: ATen again
+
+
 def _stream_calls(fn, *args):
     return calls_after_a_first(fn, args, ("eagle3::fused_aux_fc",))
 

@@ -128,8 +128,9 @@ def compile_choice(req: GenerateRequest, target, draft, tokenizer, prompt: str):
     options = compile_options(req.compile)
     if options is None or not req.compile_if_on_disk:
         return options, None
-    if verify_on_disk(target, options, req.tree(), [int(i) for i in draft.aux_layer_ids], 1, len(encode_prompt(prompt, tokenizer)),
-                      req.max_new_tokens):
+    aux_ids = [int(i) for i in draft.aux_layer_ids]
+    prompt_tokens = len(encode_prompt(prompt, tokenizer))
+    if verify_on_disk(target, options, req.tree(), aux_ids, 1, prompt_tokens, req.max_new_tokens):
         return options, "compiled: the verify's compiled form was on disk"
     return None, ("eager: no compiled verify of this target, tree and length on disk (--compile builds it once, "
                   "minutes on a small CPU; later runs with --compile or --compile auto load it)")

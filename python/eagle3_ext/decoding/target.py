@@ -42,6 +42,7 @@ class TargetRunner:
         self.compiled = compiled
         self.forward: VerifyForward = (compiled if compiled is not None else
                                        TreeAttentionVerify(model) if use_tree_attention else SdpaVerify(model))
+        self._eager_linears = eager_linears(model) if compiled is None else None  # (linear.py)
         # full layers only, whatever the config says (see above)
         self.cache = compiled.new_cache(capacity) if compiled is not None else DynamicCache()
         self.seq_lens: Optional[torch.Tensor] = None   # [B] int64: committed tokens per request
@@ -94,8 +95,7 @@ class TargetRunner:
                             self.seq_lens, self._tree_start)
         if self.compiled is not None:
             return self.forward(self.capture, self.cache, inputs)
-        weight = self.model.get_input_embeddings().weight
-        with eager_linears(weight.device, weight.dtype):  # (linear.py)
+        with self._eager_linears:
             return self.forward(self.capture, self.cache, inputs)
 
     def select_rows(self, keep: torch.Tensor) -> None:
