@@ -17,7 +17,7 @@ import pytest
 from eagle3_ext.bench.llama_cpp import _file_type_name, _row, source_gguf
 from eagle3_ext.errors import MissingPathError
 from eagle3_ext.peers.llama_cpp_build import find_build, missing_reason
-from eagle3_ext.peers.llama_cpp_server import Completion, LlamaServer
+from eagle3_ext.peers.llama_cpp_server import Completion, LlamaServer, ServerFailed
 
 NEW_TOKENS = 32
 
@@ -39,6 +39,70 @@ def test_a_server_that_dies_is_an_error_with_its_log(tmp_path):
     with pytest.raises(RuntimeError, match=r"exited with code 3:\n.*model file not found"):
         with LlamaServer(build, "missing.gguf", threads=1, context=64):
             pass
+
+
+def test_a_server_killed_by_a_signal_names_it(tmp_path):
+    (tmp_path / "bin").mkdir()
+    for name in ("llama-server", "llama-speculative-simple"):
+        script = tmp_path / "bin" / name
+        script.write_text("#!/bin/sh\necho 'llama threadpool init, n_threads = 2' >&2\nkill -ILL $$\n")
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "build.json").write_text(json.dumps({"source": "test", "flags": []}))
+    with pytest.raises(ServerFailed, match=r"exited with code -4 \(SIGILL\):\n.*threadpool init"):
+        with LlamaServer(find_build(str(tmp_path)), "model.gguf", threads=1, context=64):
+            pass
+
+
+def test_a_row_whose_server_fails_is_left_out_and_the_others_run(monkeypatch):
+    """The shipped Q4_1 file crashed a natively built llama.cpp (SIGILL) on one CPU: that row is
+    left out with the reason, every other row is measured; a sweep value that fails is left out
+    on its own, and the EAGLE-3 row only when every value failed."""
+    from types import SimpleNamespace
+
+    import eagle3_ext.bench.llama_cpp as rows_module
+
+    class FakeServer:
+        def __init__(self, build, model, threads, context, draft=None, draft_max=5, p_min=0.0):
+            self.model, self.draft_max, self.draft = model, draft_max, draft
+
+        def __enter__(self):
+            if self.model.endswith("Q4_1.gguf") or (self.draft and self.draft_max in failing):
+                raise ServerFailed("llama-server exited with code -4 (SIGILL):\nload_model: loading\ninit: threadpool")
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def complete(self, ids, n):
+            return Completion(list(range(n)), 0.1, drafted=n if self.draft else 0, accepted=n // 2 if self.draft else 0)
+
+    monkeypatch.setattr(rows_module, "LlamaServer", FakeServer)
+    monkeypatch.setattr(rows_module, "convert_target", lambda build, target_dir, kind: f"target-{kind}.gguf")
+    monkeypatch.setattr(rows_module, "convert_draft", lambda *a: "draft.gguf")
+    monkeypatch.setattr(rows_module, "gguf_fields", lambda path: {"eagle3.target_layers": [2, 15, 27],
+                                                                   "general.file_type": 3})
+    build = SimpleNamespace(describe=lambda: "llama.cpp (test)")
+    draft = SimpleNamespace(aux_layer_ids=[2, 15, 27])
+    outputs = [list(range(8))]
+
+    def run(fail_n_max):
+        failing.clear()
+        failing.update(fail_n_max)
+        left_out = {}
+        rows = rows_module.llama_cpp_rows(build, "t", "d", draft, [[1, 2, 3]], 8, outputs, 10.0, 2,
+                                          gguf="m.Q4_1.gguf", progress=False, left_out=left_out)
+        return rows, left_out
+
+    failing = set()
+    rows, left_out = run({2})
+    assert sorted(rows) == ["llama_cpp", "llama_cpp_bf16", "llama_cpp_eagle3"]
+    assert left_out == {"llama_cpp_q4_1": "llama-server exited with code -4 (SIGILL); its log ended: init: threadpool",
+                        "llama_cpp_eagle3 --spec-draft-n-max 2": "llama-server exited with code -4 (SIGILL); its log "
+                                                                 "ended: init: threadpool"}
+    assert sorted(rows["llama_cpp_eagle3"]["sweep"]) == ["n_max_1", "n_max_3", "n_max_5"]
+    assert rows["llama_cpp"]["identical"] is True and rows["llama_cpp"]["gguf"] == "target-f32.gguf"
+    rows, left_out = run({1, 2, 3, 5})
+    assert "llama_cpp_eagle3" not in rows and left_out["llama_cpp_eagle3"].startswith("no --spec-draft-n-max value ran")
 
 
 def test_rows_count_acceptance_per_target_forward():

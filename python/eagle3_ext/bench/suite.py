@@ -333,7 +333,7 @@ def _peer_rows(cfg: BenchConfig, models: tuple, target, tok, groups, base_output
             rows.update(llama_cpp.llama_cpp_rows(
                 llama_cpp_build.find_build(cfg.llama_cpp_dir), target_dir, draft_dir, draft, ids, cfg.max_new_tokens,
                 base_outputs, base_rate, torch.get_num_threads(), llama_cpp.source_gguf(cfg.target, target_dir),
-                progress=progress))
+                progress=progress, left_out=left_out))
         except llama_cpp_build.ConversionError as e:  # a target llama.cpp does not take: the rows are left out
             left_out["llama_cpp"] = str(e)
             if progress:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -34,6 +35,20 @@ class Completion:
     seconds: float              # prompt processing + generation, as the server measured them
     drafted: int = 0            # draft tokens proposed (with a draft)
     accepted: int = 0           # of which the target accepted
+
+
+class ServerFailed(RuntimeError):
+    """llama-server exited (a crash included), did not become ready, or stopped answering; the
+    message names the exit code (and signal) and ends with the tail of its log."""
+
+
+def _exit_text(code: int) -> str:
+    """``exited with code -4 (SIGILL)``: the code, and the signal that ended it where there is one."""
+    try:
+        name = f" ({signal.Signals(-code).name})" if code < 0 else ""
+    except ValueError:
+        name = ""
+    return f"exited with code {code}{name}"
 
 
 def _free_port() -> int:
@@ -78,7 +93,9 @@ class LlamaServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited with code {self.process.returncode}:\n{self._log_tail()}")
+                tail = self._log_tail()
+                self.__exit__(None, None, None)
+                raise ServerFailed(f"llama-server {_exit_text(self.process.returncode)}:\n{tail}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as r:
                     if r.status == 200:
@@ -86,8 +103,9 @@ class LlamaServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
+        tail = self._log_tail()
         self.__exit__(None, None, None)
-        raise TimeoutError(f"llama-server did not become ready in {STARTUP_TIMEOUT_S:.0f} s:\n{self._log_tail()}")
+        raise ServerFailed(f"llama-server did not become ready in {STARTUP_TIMEOUT_S:.0f} s:\n{tail}")
 
     def __exit__(self, *exc) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -116,8 +134,12 @@ class LlamaServer:
                 "top_k": 1, "samplers": ["top_k"], "cache_prompt": False, "return_tokens": True, "stream": False}
         request = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
-            out = json.load(r)
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as r:
+                out = json.load(r)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            state = _exit_text(self.process.returncode) if self.process.poll() is not None else "is running"
+            raise ServerFailed(f"llama-server stopped answering ({e}; it {state}):\n{self._log_tail()}") from e
         timings = out.get("timings", {})
         return Completion(tokens=[int(t) for t in out.get("tokens", [])],
                           seconds=(timings.get("prompt_ms", 0.0) + timings.get("predicted_ms", 0.0)) / 1e3,
