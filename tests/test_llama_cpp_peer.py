@@ -28,28 +28,25 @@ def test_a_missing_build_names_the_build_script(tmp_path):
     assert "benchmarks/build_llama_cpp.sh" in missing_reason(str(tmp_path))
 
 
-def test_a_server_that_dies_is_an_error_with_its_log(tmp_path):
-    (tmp_path / "bin").mkdir()
+def _scripted_build(folder, script: str):
+    """A llama.cpp build folder whose programs are the shell ``script``."""
+    (folder / "bin").mkdir()
     for name in ("llama-server", "llama-speculative-simple"):
-        script = tmp_path / "bin" / name
-        script.write_text("#!/bin/sh\necho 'error: model file not found' >&2\nexit 3\n")
-        script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "build.json").write_text(json.dumps({"source": "test", "flags": []}))
-    build = find_build(str(tmp_path))
-    with pytest.raises(RuntimeError, match=r"exited with code 3:\n.*model file not found"):
-        with LlamaServer(build, "missing.gguf", threads=1, context=64):
-            pass
+        program = folder / "bin" / name
+        program.write_text(f"#!/bin/sh\n{script}\n")
+        program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    (folder / "build.json").write_text(json.dumps({"source": "test", "flags": []}))
+    return find_build(str(folder))
 
 
-def test_a_server_killed_by_a_signal_names_it(tmp_path):
-    (tmp_path / "bin").mkdir()
-    for name in ("llama-server", "llama-speculative-simple"):
-        script = tmp_path / "bin" / name
-        script.write_text("#!/bin/sh\necho 'llama threadpool init, n_threads = 2' >&2\nkill -ILL $$\n")
-        script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "build.json").write_text(json.dumps({"source": "test", "flags": []}))
-    with pytest.raises(ServerFailed, match=r"exited with code -4 \(SIGILL\):\n.*threadpool init"):
-        with LlamaServer(find_build(str(tmp_path)), "model.gguf", threads=1, context=64):
+@pytest.mark.parametrize("script, error", [
+    ("echo 'error: model file not found' >&2\nexit 3", r"exited with code 3:\n.*model file not found"),
+    ("echo 'llama threadpool init, n_threads = 2' >&2\nkill -ILL $$",
+     r"exited with code -4 \(SIGILL\):\n.*threadpool init"),
+], ids=["exit", "signal"])
+def test_a_server_that_dies_is_an_error_with_its_exit_and_log(tmp_path, script, error):
+    with pytest.raises(ServerFailed, match=error):
+        with LlamaServer(_scripted_build(tmp_path, script), "missing.gguf", threads=1, context=64):
             pass
 
 
