@@ -104,8 +104,8 @@ def autotunes(options: CompileOptions) -> bool:
 def inductor_settings(device: torch.device, options: CompileOptions) -> Dict[str, object]:
     """Inductor settings of the compiled graphs on ``device`` (module docstring). Freezing needs
     the calls to run without autograd, as generation does. Without autotuning (``autotunes``)
-    the graphs keep ATen's GEMMs (compiles several times faster; slower graphs on AVX2); ``cpp_wrapper=False`` keeps
-    Inductor's Python wrapper (compiles faster, calls slower). On CUDA: CUDA graphs
+    the graphs keep ATen's GEMMs (compiles several times faster; slower graphs on AVX2);
+    ``cpp_wrapper=False`` keeps Inductor's Python wrapper (compiles faster, calls slower). On CUDA: CUDA graphs
     (``cuda_graphs``), otherwise Inductor's defaults."""
     if device.type == "cuda":
         return {"triton.cudagraphs": True} if cuda_graphs(device, options) else {}
