@@ -55,6 +55,50 @@ def test_resume_continues_from_saved_step(workdir):
     assert steps == [0, 5, 10, 15, 20]
 
 
+def test_init_from_starts_where_the_given_draft_ended(workdir):
+    train(config(workdir, "init-src", max_steps=12, eval_every=12, export_specforge=False, export_vllm=False))
+    source_final = json.loads((workdir / "init-src" / "metrics.json").read_text())["final"]
+    # The same data and seed hold out the same conversations: step 0 of the new run scores the
+    # given draft itself, and training goes on from there with a fresh schedule.
+    trainer = Trainer(config(workdir, "init-dst", init_from=str(workdir / "init-src"), max_steps=6, eval_every=6,
+                             lr=2e-3, export_specforge=False, export_vllm=False))
+    assert all(p.dtype == torch.float32 for p in trainer.draft.parameters())
+    result = trainer.train()
+    first, last = trainer.history[0], trainer.history[-1]
+    assert result.step == 6 and first["step"] == 0
+    assert first["acc"] == pytest.approx(source_final["acc"], abs=1e-6)
+    assert first["val_loss"] == pytest.approx(source_final["val_loss"], rel=1e-4)
+    assert last["val_loss"] < first["val_loss"]
+    fresh = Trainer(config(workdir, "init-none", max_steps=1))
+    assert fresh.evaluate()["val_loss"] > first["val_loss"] + 1.0  # a new draft starts far behind
+
+
+def test_init_from_refuses_options_that_shape_another_draft(workdir):
+    train(config(workdir, "init-base", max_steps=1, export_specforge=False, export_vllm=False))
+    base = str(workdir / "init-base")
+    with pytest.raises(ValueError, match=r"draft_vocab_size 100 differs from init_from's \(200 in "):
+        Trainer(config(workdir, "init-bad", init_from=base, draft_vocab_size=100))
+    with pytest.raises(ValueError, match=r"aux_layers \[1, 2, 3\] differ from init_from's \(\[2, 3, 3\]"):
+        Trainer(config(workdir, "init-bad", init_from=base, aux_layers=[1, 2, 3]))
+    with pytest.raises(ValueError, match="fc_norm=True, but the init_from draft in .* was built without it"):
+        Trainer(config(workdir, "init-bad", init_from=base, fc_norm=True))
+    with pytest.raises(FileNotFoundError, match="init_from"):
+        config(workdir, "init-bad", init_from=str(workdir / "missing")).validate()
+    with pytest.raises(TypeError, match="compile must be"):
+        config(workdir, "init-bad", compile="yes").validate()
+
+
+def test_compiled_loss_trains_like_the_eager_one(workdir):
+    runs = {}
+    for compiled in (False, True):
+        trainer = Trainer(config(workdir, f"compiled-{compiled}", compile=compiled, max_steps=3, eval_every=3,
+                                 export_specforge=False, export_vllm=False))
+        trainer.train()
+        runs[compiled] = trainer.history[-1]
+    assert runs[True]["acc"] == pytest.approx(runs[False]["acc"], abs=0.02)
+    assert runs[True]["val_loss"] == pytest.approx(runs[False]["val_loss"], rel=1e-3)
+
+
 def test_custom_aux_layers_are_recorded(workdir):
     train(config(workdir, "aux", aux_layers=[1, 4, 6], max_steps=2, export_specforge=False))
     saved = json.loads((workdir / "aux" / "config.json").read_text())

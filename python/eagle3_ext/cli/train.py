@@ -52,6 +52,13 @@ def add_parser(sub) -> None:
     p.add_argument("--max-steps", type=T.integer(1), help="stop after this many optimizer steps")
     p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--init-from", type=T.directory,
+                   help="start from this draft's weights (any supported checkpoint layout; its vocabulary map, "
+                        "layers and convention flags) with a fresh optimizer and schedule; with --resume, a "
+                        "checkpoint in --out wins")
+    p.add_argument("--compile", action="store_true",
+                   help="fuse the per-step loss with torch.compile (about 8 s once; on a CPU the loss's passes "
+                        "over the draft vocabulary then cost a quarter)")
     p.add_argument("--no-specforge-export", action="store_true", help="skip the SpecForge/SGLang export")
     p.add_argument("--no-vllm-export", action="store_true", help="skip the vLLM (speculators) export")
     p.add_argument("--norm-before-residual", action="store_true",
@@ -81,6 +88,7 @@ def run(args) -> int:
                          lr=args.lr, batch_tokens=args.batch_tokens, max_len=args.max_len, dtype=args.dtype,
                          amp=args.amp, eval_every=args.eval_every, val_max_examples=args.val_examples,
                          max_steps=args.max_steps, seed=args.seed, resume=args.resume,
+                         init_from=args.init_from, compile=args.compile,
                          export_specforge=not args.no_specforge_export, export_vllm=not args.no_vllm_export,
                          norm_before_residual=args.norm_before_residual, fc_norm=args.fc_norm,
                          norm_before_fc=args.norm_before_fc, norm_output=args.norm_output,

@@ -361,12 +361,18 @@ class Eagle3DraftModel(nn.Module):
     def head(self, hidden: torch.Tensor):
         """(logits [B, n, draft_vocab_size], the hidden state the next draft step reads) from the
         decoder layers' output, per the ``norm_output`` / ``final_norm`` convention."""
+        head_in, hidden = self.head_input(hidden)
+        return linear(self.lm_head, head_in), hidden
+
+    def head_input(self, hidden: torch.Tensor):
+        """(what ``lm_head`` reads, the hidden state the next draft step reads) from the decoder
+        layers' output: ``head`` without the lm_head, for callers that need logits of some rows only."""
         if self.config.norm_output:
             normed = self.norm(hidden)
-            return linear(self.lm_head, normed), normed
+            return normed, normed
         if not self.config.final_norm:
-            return linear(self.lm_head, hidden), hidden
-        return linear(self.lm_head, self.norm(hidden)), hidden
+            return hidden, hidden
+        return self.norm(hidden), hidden
 
     # --- checkpoints -----------------------------------------------------------------------
     @classmethod

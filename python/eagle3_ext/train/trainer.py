@@ -56,6 +56,8 @@ class TrainConfig:
     eval_every: int = 50
     seed: int = 0
     resume: bool = False
+    init_from: Optional[str] = None            # start from this draft's weights (a fresh optimizer and schedule)
+    compile: bool = False                      # the per-step loss through torch.compile (ttt.compiled_soft_ce)
     export_specforge: bool = True
     export_vllm: bool = True
     # Convention flags of the new draft (Eagle3DraftConfig documents each).
@@ -86,6 +88,9 @@ class TrainConfig:
             for i, item in enumerate(self.data):
                 validation.existing_file(f"data[{i}]", item)
         validation.integer("tp_size", self.tp_size, 1)
+        if self.init_from is not None:
+            validation.existing_dir("init_from", self.init_from)
+        validation.boolean("compile", self.compile)
         check_device(self.device)
         validation.output_dir("out", self.out)
         if self.aux_layers is not None:
@@ -150,6 +155,22 @@ RESUME_FIELDS = ("aux_layers", "draft_vocab_size", "ttt_steps", "epochs", "lr", 
                  "fc_norm", "norm_before_fc", "norm_output")
 
 
+def _check_init_from(draft: Eagle3DraftModel, config: TrainConfig, aux: List[int]) -> None:
+    """The draft ``init_from`` names is the one trained on: options that would shape another draft
+    are errors, not silently ignored."""
+    path = config.init_from
+    if config.aux_layers is not None and list(draft.aux_layer_ids) != aux:
+        raise BadInputError(f"aux_layers {aux} differ from init_from's ({list(draft.aux_layer_ids)} in {path}); "
+                            "leave aux_layers unset to train the draft as it is")
+    if config.draft_vocab_size is not None and config.draft_vocab_size != draft.config.draft_vocab_size:
+        raise BadInputError(f"draft_vocab_size {config.draft_vocab_size} differs from init_from's "
+                            f"({draft.config.draft_vocab_size} in {path}); leave it unset")
+    for flag in ("norm_before_residual", "fc_norm", "norm_before_fc", "norm_output"):
+        if getattr(config, flag) and not getattr(draft.config, flag):
+            raise BadInputError(f"{flag}=True, but the init_from draft in {path} was built without it; the "
+                                "convention flags of an init_from draft are its own")
+
+
 def _check_resumable(saved: Dict[str, Any], config: TrainConfig) -> None:
     defaulted = {"aux_layers"} if config.aux_layers is None else set()  # None resumes with the saved ids
     differ = [f"{k} (checkpoint {saved[k]!r}, now {getattr(config, k)!r})" for k in RESUME_FIELDS
@@ -190,6 +211,9 @@ class Trainer:
         elif config.resume:
             raise MissingPathError(f"resume: no checkpoint under {ckpt} to continue from (train without --resume "
                                    "to start)")
+        elif config.init_from is not None:
+            self.draft = Eagle3DraftModel.from_pretrained(config.init_from, target_config=target_config).float()
+            _check_init_from(self.draft, config, aux)
         else:
             draft_vocab = min(vocab, 32000) if config.draft_vocab_size is None else config.draft_vocab_size
             if draft_vocab > vocab:
@@ -262,7 +286,7 @@ class Trainer:
         # Master weights and the losses stay fp32; autocast runs the draft's matmuls in ``amp``.
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
             return ttt_forward(self.draft, aux, target, ids, loss_mask, valid, steps,
-                               reduce_counts=self.dp.sum if self.dp.enabled else None)
+                               reduce_counts=self.dp.sum if self.dp.enabled else None, compiled=self.config.compile)
 
     def _global(self, stats: TTTStats) -> TTTStats:
         """The whole batch's loss and counts (summed over the ranks), without gradients."""
