@@ -38,7 +38,7 @@ def test_shipped_draft_fits_the_target_and_the_size_limit():
     assert os.path.getsize(os.path.join(SMOLLM2_DRAFT, "model.safetensors")) <= 40 * 2**20
     draft = Eagle3DraftModel.from_pretrained(SMOLLM2_DRAFT)
     assert draft.fc.weight.dtype == torch.bfloat16 and draft.embed_tokens is None  # the target's, bound at load
-    assert draft.fc.in_features == 3 * 576 and draft.config.draft_vocab_size == 16384
+    assert draft.fc.in_features == 3 * 576 and draft.config.draft_vocab_size == 8192
 
 
 def test_training_prompts_are_chat_records_in_the_mix():

@@ -1,6 +1,6 @@
-"""``eagle3 train``: train a draft (``train/trainer.py`` does the work); ``eagle3 train capture`` and
-``eagle3 train regenerate`` are commands of their own (``train_capture.py``, ``train_regenerate.py``),
-routed by ``SUBCOMMANDS``."""
+"""``eagle3 train``: train a draft (``train/trainer.py`` does the work); ``eagle3 train capture``,
+``eagle3 train regenerate`` and ``eagle3 train shrink-vocab`` are commands of their own
+(``train_capture.py``, ``train_regenerate.py``, ``train_shrink_vocab.py``), routed by ``SUBCOMMANDS``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..api.settings import MAX_SEED
 from ..dtypes import DTYPES
 from ..errors import BadInputError
 from ..train.trainer import MAX_TTT_STEPS
-from . import train_capture, train_regenerate
+from . import train_capture, train_regenerate, train_shrink_vocab
 from . import types as T
 
 
@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train an EAGLE-3 draft head for a Hugging Face target",
                        epilog="Data preparation: `eagle3 train capture ...` writes an offline cache of the "
                               "target's hidden states, `eagle3 train regenerate ...` rewrites chat data with the "
-                              "target's own responses (each has --help).")
+                              "target's own responses, `eagle3 train shrink-vocab ...` cuts a trained draft's "
+                              "vocabulary (each has --help).")
     p.add_argument("--target", type=T.target,
                    help="target model directory (AutoModelForCausalLM + tokenizer); not with --from-cache")
     p.add_argument("--data", nargs="+", type=T.readable_file,
@@ -119,6 +120,8 @@ SUBCOMMANDS = {
                 train_capture.add_capture_arguments, train_capture.run_capture),
     "regenerate": ("rewrite the assistant turns of chat data with the target's own responses",
                    train_regenerate.add_regenerate_arguments, train_regenerate.run_regenerate),
+    "shrink-vocab": ("cut a trained draft's vocabulary down to its most frequent tokens, without training again",
+                     train_shrink_vocab.add_shrink_vocab_arguments, train_shrink_vocab.run_shrink_vocab),
 }
 
 

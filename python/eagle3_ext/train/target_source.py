@@ -21,7 +21,7 @@ from ..errors import BadInputError
 from ..preflight.loading import check_context, load_target, load_tokenizer
 from .data import Example, collate, load_examples
 from .ttt import TargetView, target_pass
-from .vocab import build_vocab_mapping
+from .vocab import build_vocab_mapping, trained_token_counts
 
 
 def split_examples(examples: Sequence[Example], val_fraction: float, val_max_examples: int,
@@ -39,10 +39,7 @@ def split_examples(examples: Sequence[Example], val_fraction: float, val_max_exa
 
 def vocab_mapping_for(train_set: Sequence[Example], vocab: int, draft_vocab_size: int):
     """The draft vocabulary (d2t, t2d): the most frequent trained-on tokens of the training split."""
-    counts = torch.zeros(vocab, dtype=torch.int64)
-    for e in train_set:
-        counts += torch.bincount(e.input_ids[e.loss_mask], minlength=vocab)
-    return build_vocab_mapping(counts, draft_vocab_size)
+    return build_vocab_mapping(trained_token_counts(train_set, vocab), draft_vocab_size)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import torch
 
 from ..errors import BadInputError
+
+
+def trained_token_counts(examples: Sequence, vocab: int) -> torch.Tensor:
+    """[vocab] int64: how often each target id is trained on (the loss-masked tokens of
+    ``examples``, each with ``input_ids`` and a bool ``loss_mask``)."""
+    counts = torch.zeros(vocab, dtype=torch.int64)
+    for e in examples:
+        counts += torch.bincount(e.input_ids[e.loss_mask], minlength=vocab)
+    return counts
 
 
 def build_vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -29,3 +38,40 @@ def build_vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> Tu
     t2d = torch.zeros(target_vocab, dtype=torch.bool)
     t2d[chosen] = True
     return d2t, t2d
+
+
+def shrink_draft_vocab(draft, token_counts: torch.Tensor, draft_vocab_size: int):
+    """Cuts a trained draft's vocabulary down to its ``draft_vocab_size`` most frequent tokens.
+
+    ``token_counts`` [target vocab]: how often each target id occurs where the draft is trained
+    (the assistant tokens of its training split, as ``eagle3 train`` counts them). The draft's
+    own tokens are ranked by it (ties broken by the lower id), the lm_head keeps their rows, and
+    d2t / t2d are rebuilt. Each kept token's logit is unchanged, so greedy drafting only loses the
+    dropped tokens; the head a draft step reads shrinks in proportion. Counts that ``eagle3
+    train`` would rank the same way give the vocabulary it would have chosen at this size.
+    Returns the draft, changed in place.
+    """
+    current = draft.config.draft_vocab_size
+    if not 0 < draft_vocab_size <= current:
+        raise BadInputError(f"draft_vocab_size must be in [1, {current}] (the draft's vocabulary now), "
+                            f"got {draft_vocab_size}")
+    if token_counts.dim() != 1 or token_counts.numel() != draft.t2d.numel():
+        raise BadInputError(f"token_counts must be a vector of the target vocabulary's {draft.t2d.numel()} "
+                            f"counts, got shape {tuple(token_counts.shape)}")
+    ids = torch.arange(current, device=draft.d2t.device) + draft.d2t            # the draft's target ids
+    counts = token_counts.to(device=ids.device, dtype=torch.int64)[ids]
+    keep = torch.sort(torch.sort(counts, descending=True, stable=True).indices[:draft_vocab_size]).values
+    kept_ids = ids[keep]                                           # ascending: draft rows stay in id order
+    head = draft.lm_head
+    new_head = torch.nn.Linear(head.in_features, draft_vocab_size, bias=False,
+                               device=head.weight.device, dtype=head.weight.dtype)
+    with torch.no_grad():
+        new_head.weight.copy_(head.weight[keep])
+    draft.lm_head = new_head.requires_grad_(head.weight.requires_grad)
+    draft.d2t = kept_ids - torch.arange(draft_vocab_size, device=ids.device)
+    t2d = torch.zeros_like(draft.t2d)
+    t2d[kept_ids] = True
+    draft.t2d = t2d
+    draft.config.draft_vocab_size = draft_vocab_size
+    draft.check_vocab_mapping()
+    return draft
