@@ -99,3 +99,42 @@ def test_cli_names_a_bad_size(trained, tmp_path, capsys):
                    "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
     assert rc == 2 and "eagle3 train shrink-vocab: error: draft_vocab_size must be in [1, 200]" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--draft", "{missing}"], "argument --draft: {missing} does not exist"),
+    (["--draft", "{target}"], "not an EAGLE-3 draft"),
+    (["--target", "{missing}"], "argument --target: {missing} does not exist"),
+    (["--target", "{draft}"], "holds an EAGLE-3 draft, not a target model"),
+    (["--target", "{toy_target}"], "its tokenizer has 8192 tokens but the draft's vocabulary map covers 336"),
+    (["--data", "{missing}"], "argument --data: {missing} does not exist"),
+    (["--data", "{empty}"], "is empty"),
+    (["--draft-vocab-size", "0"], "argument --draft-vocab-size: expected a positive integer, got 0"),
+    (["--draft-vocab-size", "-3"], "argument --draft-vocab-size: expected a positive integer, got -3"),
+    (["--draft-vocab-size", "x"], "argument --draft-vocab-size: expected a positive integer, got 'x'"),
+    (["--draft-vocab-size", "201"], "draft_vocab_size must be in [1, 200] (the draft's vocabulary now), got 201"),
+    (["--out", ""], "argument --out: expected a non-empty"),
+    (["--max-len", "0"], "argument --max-len: expected an integer >= 4, got 0"),
+    (["--val-examples", "0"], "argument --val-examples: expected a positive integer, got 0"),
+    (["--seed", "-1"], "argument --seed: expected an integer"),
+    (["--json=1"], "argument --json: ignored explicit argument '1'"),
+], ids=["draft-missing", "draft-kind", "target-missing", "target-kind", "target-other", "data-missing", "data-empty",
+        "size-zero", "size-negative", "size-type", "size-too-large", "out-empty", "max-len-zero", "val-zero",
+        "seed-negative", "json-value"])
+def test_cli_bad_input_is_one_clear_line(trained, tmp_path, capsys, args, message):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    values = {"missing": str(tmp_path / "missing"), "target": str(trained / "target"), "draft": str(trained / "draft"),
+              "toy_target": bundled_paths()[0], "empty": str(empty)}
+    given = {"--draft": "{draft}", "--target": "{target}", "--data": str(trained / "data.txt"),
+             "--draft-vocab-size": "30", "--out": str(tmp_path / "out")}
+    given.update({args[0]: args[1]} if len(args) == 2 else {})
+    argv = ["train", "shrink-vocab", "--max-len", "64"]
+    for option, value in given.items():
+        argv += [option, value.format(**values)]
+    argv += [a for a in args if len(args) == 1]
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("eagle3 train shrink-vocab: error: ") and message.format(**values) in last, last

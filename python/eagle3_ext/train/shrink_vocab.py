@@ -22,7 +22,8 @@ from typing import Any, Dict, List
 import torch
 
 from ..draft import Eagle3DraftModel
-from ..preflight.loading import load_tokenizer
+from ..errors import BadInputError
+from ..preflight.loading import check_draft_dir, check_target_dir, load_tokenizer
 from .data import load_examples
 from .target_source import split_examples
 from .vocab import shrink_draft_vocab, trained_token_counts
@@ -49,9 +50,15 @@ def _coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
 def shrink_vocab(config: ShrinkVocabConfig) -> Dict[str, Any]:
     """Writes the shrunk draft to ``config.out`` (in the draft's dtype and format) and returns
     the sizes and coverages."""
+    check_draft_dir(config.draft)
+    check_target_dir(config.target)
     draft = Eagle3DraftModel.from_pretrained(config.draft)
     vocab = draft.t2d.numel()
-    examples = load_examples(config.data, load_tokenizer(config.target), config.max_len, vocab)
+    tokenizer = load_tokenizer(config.target)
+    if len(tokenizer) > vocab:
+        raise BadInputError(f"target {config.target}: its tokenizer has {len(tokenizer)} tokens but the draft's "
+                            f"vocabulary map covers {vocab}: the draft was trained for another target")
+    examples = load_examples(config.data, tokenizer, config.max_len, vocab)
     train, val = split_examples(examples, config.val_fraction, config.val_examples, config.seed)
     counts, val_counts = trained_token_counts(train, vocab), trained_token_counts(val, vocab)
     before = draft.config.draft_vocab_size
