@@ -11,7 +11,7 @@ from eagle3_ext import Eagle3DraftModel, SpeculativeGenerator, TreeConfig
 from eagle3_ext.cli import main as cli_main
 from eagle3_ext.errors import BadInputError
 from eagle3_ext.models import bundled_paths
-from eagle3_ext.train import TrainConfig, Trainer, shrink_draft_vocab, train
+from eagle3_ext.train import ShrinkVocabConfig, TrainConfig, Trainer, shrink_draft_vocab, shrink_vocab, train
 from tiny_models import corpus, make_target
 
 
@@ -64,7 +64,8 @@ def test_shrinking_gives_the_vocabulary_training_at_that_size_chooses(trained, t
     assert torch.equal(small.d2t, at_30.draft.d2t) and torch.equal(small.t2d, at_30.draft.t2d)
     # Every other weight is the trained draft's.
     small_state, big_state = small.state_dict(), big.state_dict()
-    assert all(torch.equal(small_state[k], big_state[k]) for k in big_state if k not in ("lm_head.weight", "d2t", "t2d"))
+    cut = ("lm_head.weight", "d2t", "t2d")
+    assert all(torch.equal(small_state[k], big_state[k]) for k in big_state if k not in cut)
 
 
 def test_a_shrunk_draft_decodes_losslessly(trained, tmp_path):
@@ -93,14 +94,6 @@ def test_bad_sizes_and_counts_are_errors_that_name_them():
     assert draft.config.draft_vocab_size == 4096  # refused calls change nothing
 
 
-def test_cli_names_a_bad_size(trained, tmp_path, capsys):
-    rc = cli_main(["train", "shrink-vocab", "--draft", str(trained / "draft"), "--target", str(trained / "target"),
-                   "--data", str(trained / "data.txt"), "--max-len", "64", "--draft-vocab-size", "500",
-                   "--out", str(tmp_path / "x")])
-    err = capsys.readouterr().err
-    assert rc == 2 and "eagle3 train shrink-vocab: error: draft_vocab_size must be in [1, 200]" in err
-
-
 @pytest.mark.parametrize("args, message", [
     (["--draft", "{missing}"], "argument --draft: {missing} does not exist"),
     (["--draft", "{target}"], "not an EAGLE-3 draft"),
@@ -126,15 +119,33 @@ def test_cli_bad_input_is_one_clear_line(trained, tmp_path, capsys, args, messag
     empty.write_text("")
     values = {"missing": str(tmp_path / "missing"), "target": str(trained / "target"), "draft": str(trained / "draft"),
               "toy_target": bundled_paths()[0], "empty": str(empty)}
-    given = {"--draft": "{draft}", "--target": "{target}", "--data": str(trained / "data.txt"),
-             "--draft-vocab-size": "30", "--out": str(tmp_path / "out")}
-    given.update({args[0]: args[1]} if len(args) == 2 else {})
-    argv = ["train", "shrink-vocab", "--max-len", "64"]
-    for option, value in given.items():
-        argv += [option, value.format(**values)]
-    argv += [a for a in args if len(args) == 1]
+    options = {"--draft": "{draft}", "--target": "{target}", "--data": str(trained / "data.txt"),
+               "--draft-vocab-size": "30", "--out": str(tmp_path / "out"), "--max-len": "64"}
+    flags = args if len(args) == 1 else []     # a flag stands alone; an option replaces its good value
+    options.update(dict([args]) if len(args) == 2 else {})
+    argv = ["train", "shrink-vocab", *[x.format(**values) for pair in options.items() for x in pair], *flags]
     rc = cli_main(argv)
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err, err[-2000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("eagle3 train shrink-vocab: error: ") and message.format(**values) in last, last
+
+
+@pytest.mark.parametrize("over, error, message", [
+    (dict(draft="missing"), FileNotFoundError, "draft: missing does not exist, expected a directory"),
+    (dict(data="data.txt"), TypeError, "data must be a non-empty list of file paths, got 'data.txt'"),
+    (dict(data=[]), TypeError, r"data must be a non-empty list of file paths, got \[\]"),
+    (dict(draft_vocab_size=0), ValueError, "draft_vocab_size must be a positive integer, got 0"),
+    (dict(draft_vocab_size=2.5), TypeError, r"draft_vocab_size must be a positive integer, got 2.5 \(float\)"),
+    (dict(max_len=3), ValueError, "max_len must be an integer >= 4, got 3"),
+    (dict(val_examples=0), ValueError, "val_examples must be a positive integer, got 0"),
+    (dict(seed=-1), ValueError, r"seed must be an integer in \[0, .*\], got -1"),
+    (dict(val_fraction=0), ValueError, r"val_fraction must be a number in \(0, 1\], got 0"),
+], ids=["draft-missing", "data-string", "data-empty", "size-zero", "size-float", "max-len", "val-examples", "seed",
+        "val-fraction"])
+def test_config_errors_name_the_field(trained, tmp_path, over, error, message):
+    config = dict(draft=str(trained / "draft"), target=str(trained / "target"), data=[str(trained / "data.txt")],
+                  draft_vocab_size=30, out=str(tmp_path / "out"), max_len=64)
+    with pytest.raises(error, match=message):
+        shrink_vocab(ShrinkVocabConfig(**{**config, **over}))
+    assert not (tmp_path / "out").exists()  # nothing written

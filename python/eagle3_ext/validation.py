@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from .errors import BadInputError, BadInputTypeError, MissingPathError, UnreadablePathError
 
@@ -138,6 +138,14 @@ def existing_file(name: str, value: Any) -> str:
     if not os.access(value, os.R_OK):
         raise UnreadablePathError(f"{_where(name, value)} is not readable")
     return value
+
+
+def existing_files(name: str, value: Any) -> List[str]:
+    """A non-empty list (or tuple) of paths to readable files; a single path is refused, not read
+    as a list of its characters."""
+    if isinstance(value, (str, os.PathLike)) or not isinstance(value, (list, tuple)) or not value:
+        raise BadInputTypeError(f"{name} must be a non-empty list of file paths, got {value!r}")
+    return [existing_file(f"{name}[{i}]", item) for i, item in enumerate(value)]
 
 
 def existing_dir(name: str, value: Any) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..api.settings import MAX_SEED
+from ..train.shrink_vocab import ShrinkVocabConfig, shrink_vocab
 from . import types as T
 
 
@@ -18,16 +19,16 @@ def add_shrink_vocab_arguments(p) -> None:
     p.add_argument("--draft-vocab-size", required=True, type=T.integer(1),
                    help="the new draft vocabulary size (at most the draft's own)")
     p.add_argument("--out", required=True, type=T.output_directory, help="the directory to write the draft to")
-    p.add_argument("--max-len", type=T.integer(4), default=512, help="as the training run's --max-len")
-    p.add_argument("--val-examples", type=T.integer(1), default=64,
+    p.add_argument("--max-len", type=T.integer(4), default=ShrinkVocabConfig.max_len,
+                   help="as the training run's --max-len")
+    p.add_argument("--val-examples", type=T.integer(1), default=ShrinkVocabConfig.val_examples,
                    help="as the training run's held-out split (at most this many sequences, 10%% of the data)")
-    p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=0, help="as the training run's --seed")
+    p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=ShrinkVocabConfig.seed,
+                   help="as the training run's --seed")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
 def run_shrink_vocab(args) -> int:
-    from ..train.shrink_vocab import ShrinkVocabConfig, shrink_vocab
-
     T.resolve_gguf_target(args)
     result = shrink_vocab(ShrinkVocabConfig(draft=args.draft, target=args.target, data=args.data,
                                             draft_vocab_size=args.draft_vocab_size, out=args.out,

@@ -15,31 +15,48 @@ vocabulary before and after.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
 import torch
 
+from .. import validation
 from ..draft import Eagle3DraftModel
 from ..errors import BadInputError
 from ..preflight.loading import check_draft_dir, check_target_dir, load_tokenizer
 from .data import load_examples
 from .target_source import split_examples
+from .trainer import TrainConfig
 from .vocab import shrink_draft_vocab, trained_token_counts
 
 
 @dataclass
 class ShrinkVocabConfig:
+    """As the training run was configured (its defaults are TrainConfig's), so that the same
+    examples are cut at the same length and the same ones are held out."""
+
     draft: str                  # the trained draft's directory
     target: str                 # the target's directory: only its tokenizer is read
     data: List[str]             # what the draft was trained on, as `eagle3 train --data` reads it
     draft_vocab_size: int
     out: str
-    max_len: int = 512          # as the training run's --max-len (longer examples are cut there)
-    val_examples: int = 64      # as the training run's split (TrainConfig.val_max_examples, seed)
-    seed: int = 0
-    val_fraction: float = 0.1
+    max_len: int = TrainConfig.max_len
+    val_examples: int = TrainConfig.val_max_examples
+    seed: int = TrainConfig.seed
+    val_fraction: float = TrainConfig.val_fraction
+
+    def validate(self) -> None:
+        """Raises TypeError / ValueError (FileNotFoundError for a missing path) naming the first
+        bad field. The draft vocabulary size is checked against the draft once it is loaded."""
+        validation.existing_dir("draft", self.draft)
+        validation.existing_dir("target", self.target)
+        validation.existing_files("data", self.data)
+        validation.integer("draft_vocab_size", self.draft_vocab_size, 1)
+        validation.output_dir("out", self.out)
+        validation.integer("max_len", self.max_len, 4)
+        validation.integer("val_examples", self.val_examples, 1)
+        validation.integer("seed", self.seed, 0, 2**63 - 1)
+        validation.number("val_fraction", self.val_fraction, 0, 1, exclusive_minimum=True)
 
 
 def _coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
@@ -50,6 +67,7 @@ def _coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
 def shrink_vocab(config: ShrinkVocabConfig) -> Dict[str, Any]:
     """Writes the shrunk draft to ``config.out`` (in the draft's dtype and format) and returns
     the sizes and coverages."""
+    config.validate()
     check_draft_dir(config.draft)
     check_target_dir(config.target)
     draft = Eagle3DraftModel.from_pretrained(config.draft)
@@ -65,7 +83,6 @@ def shrink_vocab(config: ShrinkVocabConfig) -> Dict[str, Any]:
     coverage_before = (_coverage(counts, draft.t2d), _coverage(val_counts, draft.t2d))
     head_bytes_before = draft.lm_head.weight.nbytes
     shrink_draft_vocab(draft, counts, config.draft_vocab_size)
-    os.makedirs(config.out, exist_ok=True)
     draft.save_pretrained(config.out)
     return {"out": config.out, "draft_vocab_size": [before, config.draft_vocab_size],
             "train_coverage": [coverage_before[0], _coverage(counts, draft.t2d)],

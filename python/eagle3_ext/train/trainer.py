@@ -19,7 +19,7 @@ from ..draft import Eagle3DraftConfig, Eagle3DraftModel
 from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..dtypes import DTYPES, check_dtype_name
-from ..errors import BadInputError, BadInputTypeError, MissingPathError
+from ..errors import BadInputError, MissingPathError
 from ..preflight.loading import check_device, default_device
 from .cache import CAPTURE_FIELDS, CachedTarget
 from .data import batches
@@ -83,10 +83,7 @@ class TrainConfig:
                 raise BadInputError(f"tp_size must be 1 with from_cache (no target runs), got {self.tp_size}")
         else:
             validation.path("target", self.target)
-            if isinstance(self.data, (str, os.PathLike)) or not isinstance(self.data, (list, tuple)) or not self.data:
-                raise BadInputTypeError(f"data must be a non-empty list of file paths, got {self.data!r}")
-            for i, item in enumerate(self.data):
-                validation.existing_file(f"data[{i}]", item)
+            validation.existing_files("data", self.data)
         validation.integer("tp_size", self.tp_size, 1)
         if self.init_from is not None:
             validation.existing_dir("init_from", self.init_from)

@@ -18,6 +18,13 @@ def trained_token_counts(examples: Sequence, vocab: int) -> torch.Tensor:
     return counts
 
 
+def most_frequent(counts: torch.Tensor, n: int) -> torch.Tensor:
+    """Positions of the ``n`` largest ``counts``, the lower position first among equals, returned
+    in ascending order (the draft vocabulary's order)."""
+    order = torch.sort(counts.to(torch.int64), descending=True, stable=True).indices
+    return torch.sort(order[:n]).values
+
+
 def build_vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """d2t [draft_vocab_size] int64 and t2d [target_vocab] bool from per-token counts.
 
@@ -31,9 +38,7 @@ def build_vocab_mapping(token_counts: torch.Tensor, draft_vocab_size: int) -> Tu
     if draft_vocab_size > target_vocab:
         raise BadInputError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary "
                             f"({target_vocab} tokens)")
-    # Stable descending sort by count keeps lower ids first among equals.
-    order = torch.sort(token_counts.to(torch.int64), descending=True, stable=True).indices
-    chosen = torch.sort(order[:draft_vocab_size]).values
+    chosen = most_frequent(token_counts, draft_vocab_size)
     d2t = chosen - torch.arange(draft_vocab_size)
     t2d = torch.zeros(target_vocab, dtype=torch.bool)
     t2d[chosen] = True
@@ -59,8 +64,7 @@ def shrink_draft_vocab(draft, token_counts: torch.Tensor, draft_vocab_size: int)
         raise BadInputError(f"token_counts must be a vector of the target vocabulary's {draft.t2d.numel()} "
                             f"counts, got shape {tuple(token_counts.shape)}")
     ids = torch.arange(current, device=draft.d2t.device) + draft.d2t            # the draft's target ids
-    counts = token_counts.to(device=ids.device, dtype=torch.int64)[ids]
-    keep = torch.sort(torch.sort(counts, descending=True, stable=True).indices[:draft_vocab_size]).values
+    keep = most_frequent(token_counts.to(ids.device)[ids], draft_vocab_size)
     kept_ids = ids[keep]                                           # ascending: draft rows stay in id order
     head = draft.lm_head
     new_head = torch.nn.Linear(head.in_features, draft_vocab_size, bias=False,
