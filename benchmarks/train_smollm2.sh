@@ -7,7 +7,8 @@
 # WORK receives target/ (the converted GGUF), prompts.jsonl, regen-greedy.jsonl and
 # regen-t07.jsonl (half the prompts answered greedily, half at temperature 0.7), runs/<variant>/
 # (each `eagle3 train --out`), packaged/<variant>/ (bf16), packaged/<variant>-v<SHRINK_VOCAB>/ (its
-# vocabulary cut, `eagle3 train shrink-vocab`) and timings.tsv (seconds per stage).
+# vocabulary cut, `eagle3 train shrink-vocab`), each packaged draft with its n-gram table for hybrid
+# drafting (`eagle3 train ngrams`) and timings.tsv (seconds per stage).
 # A stage whose output exists is skipped, so a rerun continues.
 # The shipped draft was trained on the 5120 conversations in
 # python/eagle3_ext/models/smollm2/regenerated.jsonl.gz (greedy half first): to train on exactly
@@ -22,6 +23,7 @@
 #   VARIANTS                "name:draft_vocab:ttt_steps[:epochs] ..." ["v16k-ttt7:16384:7"]
 #   EPOCHS [2]  BATCH_TOKENS [16384]  MAX_LEN [640]  LR [1e-3]  AMP [bfloat16 on cuda, none on cpu]
 #   SHRINK_VOCAB [8192]     the packaged drafts' vocabulary is also cut to this size (0: not cut)
+#   NGRAMS [1]              1: count each packaged draft's n-gram table (0: none)
 #   REGENERATE [1]          0: train on regen-*.jsonl as they are (after an interrupted regeneration)
 #   INIT_FROM               continue training this draft (eagle3 train --init-from), e.g. the shipped one
 #   TARGET_DTYPE [float32]  the target's weights while training (bfloat16 is 2.5x faster on a CPU with AMX)
@@ -78,7 +80,7 @@ fi
 stage regenerate $(( SECONDS - t ))
 for half in greedy t07; do
   echo "regen-$half: $(wc -l < "$work/regen-$half.jsonl") of $(wc -l < "$work/prompts-$half.jsonl") conversations"
-  tail -2 "$work/regen-$half.log"
+  [[ -e $work/regen-$half.log ]] && tail -2 "$work/regen-$half.log"
 done
 
 # 4. One training run per variant, side by side (a 135M target leaves a GPU mostly idle).
@@ -103,16 +105,25 @@ wait
 stage train $(( SECONDS - t ))
 
 # 5. Each variant's draft in bf16, then its vocabulary cut to the SHRINK_VOCAB most frequent trained
-#    tokens (what ships: the cut cost no measured acceptance and makes every draft step cheaper).
+#    tokens (what ships: the cut cost no measured acceptance and makes every draft step cheaper), and
+#    the n-gram table of the training split beside each (hybrid drafting reads it).
 for variant in ${VARIANTS:-v16k-ttt7:16384:7}; do
   IFS=: read -r name vocab _ <<< "$variant"
   tr '\r' '\n' < "$work/runs/$name.log" | grep -oE "step [0-9]+: .*" | tail -1 | sed "s/^/$name: /"
   "$py" -m eagle3_ext.models.smollm2_recipe package --draft "$work/runs/$name" --out "$work/packaged/$name" \
     > /dev/null || { echo "$name: not packaged"; continue; }
+  packaged=("$work/packaged/$name")
   small=${SHRINK_VOCAB:-8192}
-  (( small > 0 && small < vocab )) || continue
-  "$py" -m eagle3_ext train shrink-vocab --draft "$work/packaged/$name" --target "$work/target" \
-    --data "${data[@]}" --max-len "${MAX_LEN:-640}" --draft-vocab-size "$small" \
-    --out "$work/packaged/$name-v$small" | sed "s/^/$name: /" || echo "$name: vocabulary not cut"
+  if (( small > 0 && small < vocab )); then
+    "$py" -m eagle3_ext train shrink-vocab --draft "$work/packaged/$name" --target "$work/target" \
+      --data "${data[@]}" --max-len "${MAX_LEN:-640}" --draft-vocab-size "$small" \
+      --out "$work/packaged/$name-v$small" | sed "s/^/$name: /" && packaged+=("$work/packaged/$name-v$small") \
+      || echo "$name: vocabulary not cut"
+  fi
+  [[ ${NGRAMS:-1} == 1 ]] || continue
+  for draft in "${packaged[@]}"; do
+    "$py" -m eagle3_ext train ngrams --draft "$draft" --target "$work/target" --data "${data[@]}" \
+      --max-len "${MAX_LEN:-640}" | sed "s/^/$(basename "$draft"): /" || echo "$draft: no n-gram table"
+  done
 done
 stage total $(( SECONDS - start ))

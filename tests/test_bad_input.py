@@ -168,9 +168,11 @@ CLI_CASES = [
     (BENCH, "--batch-sizes", "too large", ["--batch-sizes", "4"], "batch_sizes[0] must be an integer in [1, 1], got 4"),
     (BENCH, "--batch-sizes", "wrong type", ["--batch-sizes", "big"], "--batch-sizes: expected a positive integer"),
     (BENCH, "--tree", "wrong type", ["--tree", "5,4"],
-     "--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally followed by ,sampled, got '5,4'"),
+     "--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally followed by ,sampled "
+     "(or after LOOKUP_TOKENS by ,corpus), got '5,4'"),
     (BENCH, "--tree", "wrong type", ["--tree", "a,b,c"],
-     "--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally followed by ,sampled, got 'a,b,c'"),
+     "--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally followed by ,sampled "
+     "(or after LOOKUP_TOKENS by ,corpus), got 'a,b,c'"),
     (BENCH, "--tree", "negative", ["--tree", "2,1,3,-1"],
      "TreeConfig.lookup_tokens must be an integer in [0, 64], got -1"),
     (BENCH, "--tree", "zero", ["--tree", "0,1,2"], "TreeConfig.depth must be an integer in [1, 64], got 0"),

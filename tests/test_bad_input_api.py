@@ -85,6 +85,8 @@ CASES = [
      "TreeConfig.lookup_ngram must be an integer in [1, 16], got 0"),
     ("TreeConfig", "lookup_ngram", "wrong type", lambda c: TreeConfig(lookup_ngram=2.0), TypeError,
      "TreeConfig.lookup_ngram"),
+    ("TreeConfig", "lookup_corpus", "wrong type", lambda c: TreeConfig(lookup_corpus="no"), TypeError,
+     "TreeConfig.lookup_corpus must be a bool, got 'no'"),
     ("TreeConfig", "num_draft_tokens", "too large", lambda c: TreeConfig(20, 10, 2000), ValueError, "[2, 1024]"),
     ("TreeConfig", "num_draft_tokens", "wrong type", lambda c: TreeConfig(num_draft_tokens=None), TypeError,
      "TreeConfig.num_draft_tokens"),

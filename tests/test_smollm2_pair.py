@@ -35,10 +35,14 @@ def test_shipped_draft_fits_the_target_and_the_size_limit():
     assert {k: config[k] for k in TARGET_SHAPE} == TARGET_SHAPE
     assert config["eagle3_ext"]["aux_layer_ids"] == [2, 15, 27]  # EAGLE's default for 30 layers
     assert config["eagle3_ext"]["target_num_hidden_layers"] == 30
-    assert os.path.getsize(os.path.join(SMOLLM2_DRAFT, "model.safetensors")) <= 40 * 2**20
+    # The checkpoint with what ships beside it (the n-gram table) stays under the size limit.
+    assert sum(os.path.getsize(os.path.join(SMOLLM2_DRAFT, name)) for name in os.listdir(SMOLLM2_DRAFT)) <= 40 * 2**20
     draft = Eagle3DraftModel.from_pretrained(SMOLLM2_DRAFT)
     assert draft.fc.weight.dtype == torch.bfloat16 and draft.embed_tokens is None  # the target's, bound at load
     assert draft.fc.in_features == 3 * 576 and draft.config.draft_vocab_size == 8192
+    table = draft.lookup_corpus  # counted over the target's vocabulary, contexts of 2 to 4 tokens
+    assert table is not None and table.vocab_size == 49152 and sorted(table.table) == [2, 3, 4]
+    assert len(table) > 100000
 
 
 def test_training_prompts_are_chat_records_in_the_mix():

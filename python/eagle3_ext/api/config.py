@@ -21,6 +21,10 @@ class TreeConfig:
         0 turns lookup off. The chain competes with the draft's candidates for the same
         num_draft_tokens - 1 nodes, ranked by estimated acceptance (see decoding/lookup.py).
     lookup_ngram: the longest suffix matched (it tries lookup_ngram tokens down to 1).
+    lookup_corpus: where the draft ships an n-gram table of its training data
+        (draft/lookup_corpus.py), a round whose own tokens match fewer than two tokens takes
+        the chain from that table instead. Off by default: on 2 CPU cores it raised SmolLM2's
+        acceptance length 5-7% and cost as much in verify rows (docs/perf_notes.md).
     sampled: when sampling (temperature > 0), draw each draft token from the draft's own
         distribution (filtered like the target's: temperature, top-k, top-p) instead of taking
         its top tokens, and verify with the draft's probabilities (p/q rejection sampling,
@@ -38,6 +42,7 @@ class TreeConfig:
     lookup_tokens: int = 10
     lookup_ngram: int = 3
     sampled: bool = False
+    lookup_corpus: bool = False
 
     # When sampling, `eagle3 generate` without tree options drafts a sampled chain of this depth:
     # the fastest of chain 4 / 6 / 8 and the greedy default at T = 0.7 and 1.0 on the bundled
@@ -66,6 +71,8 @@ class TreeConfig:
                                 f"{self.MAX_NODES}") from None
         if not isinstance(self.sampled, bool):
             raise BadInputTypeError(f"TreeConfig.sampled must be a bool, got {self.sampled!r}")
+        if not isinstance(self.lookup_corpus, bool):
+            raise BadInputTypeError(f"TreeConfig.lookup_corpus must be a bool, got {self.lookup_corpus!r}")
         if self.sampled and (self.topk != 1 or self.lookup_tokens or self.num_draft_tokens != self.depth + 1):
             raise BadInputError(f"TreeConfig.sampled needs a chain without lookup (topk 1, lookup_tokens 0, "
                                 f"num_draft_tokens depth + 1), got depth={self.depth}, topk={self.topk}, "
@@ -84,12 +91,13 @@ class TreeConfig:
 
     @property
     def name(self) -> str:
-        """A short label: chain5, tree5x4n16, with +lookup10 when lookup is on; a sampled chain is
-        chain5-sampled."""
+        """A short label: chain5, tree5x4n16, with +lookup10 when lookup is on (+lookup10+corpus
+        with the draft's n-gram table); a sampled chain is chain5-sampled."""
         base = (f"chain{self.depth}" if self.topk == 1 and self.num_draft_tokens == self.depth + 1 + self.lookup_tokens
                 else f"tree{self.depth}x{self.topk}n{self.num_draft_tokens}")
-        return base + (f"+lookup{self.lookup_tokens}" if self.lookup_tokens else "") + ("-sampled" if self.sampled
-                                                                                       else "")
+        lookup = (f"+lookup{self.lookup_tokens}" + ("+corpus" if self.lookup_corpus else "")
+                  if self.lookup_tokens else "")
+        return base + lookup + ("-sampled" if self.sampled else "")
 
 
 @dataclass(frozen=True)

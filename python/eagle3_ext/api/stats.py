@@ -28,6 +28,8 @@ class GenerationStats:
     depth_bound: List[float] = field(default_factory=list)  # ... and their expected accepted drafts per depth
     lookup_proposed: int = 0          # hybrid drafting: lookup-chain tokens placed in trees
     lookup_accepted: int = 0          # ... and of those, accepted (the target's own token counts)
+    corpus_proposed: int = 0          # ... of the lookup-chain tokens, those from the draft's n-gram table
+    corpus_accepted: int = 0          # ... and of those, accepted
     draft_time_s: float = 0.0         # draft forwards (extend + tree steps)
     tree_build_time_s: float = 0.0    # choosing the nodes and building the tree
     verify_time_s: float = 0.0        # the target's verify forward

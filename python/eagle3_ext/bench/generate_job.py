@@ -42,6 +42,7 @@ class GenerateRequest:
     num_draft_tokens: Optional[int] = None
     lookup_tokens: Optional[int] = None  # 0: hybrid drafting off
     lookup_ngram: Optional[int] = None
+    lookup_corpus: bool = False         # also the draft's n-gram table where it ships one (TreeConfig)
     chain: bool = False
     sampled_draft: bool = False         # a chain of tokens drawn from the draft, p/q-verified (sampling)
     attention: str = "tree"
@@ -68,6 +69,7 @@ class GenerateRequest:
         compile_options(self.compile)
         boolean("compile_if_on_disk", self.compile_if_on_disk)
         boolean("sampled_draft", self.sampled_draft)
+        boolean("lookup_corpus", self.lookup_corpus)
         check_dtype_name("dtype", self.dtype)
         check_dtype_name("draft_dtype", self.draft_dtype)
         self.tree()  # the tree options, checked now rather than after the models load
@@ -98,10 +100,11 @@ class GenerateRequest:
                 raise BadInputError(f"--chain verifies depth + 1 + lookup tokens = {depth + 1 + lookup} tokens, got "
                                     f"--num-draft-tokens {self.num_draft_tokens}")
             return TreeConfig(depth=depth, topk=1, num_draft_tokens=depth + 1 + lookup, lookup_tokens=lookup,
-                              lookup_ngram=ngram)
+                              lookup_ngram=ngram, lookup_corpus=self.lookup_corpus)
         return TreeConfig(depth=depth, topk=default.topk if self.topk is None else self.topk,
                           num_draft_tokens=default.num_draft_tokens if self.num_draft_tokens is None
-                          else self.num_draft_tokens, lookup_tokens=lookup, lookup_ngram=ngram)
+                          else self.num_draft_tokens, lookup_tokens=lookup, lookup_ngram=ngram,
+                          lookup_corpus=self.lookup_corpus)
 
 
 def resolve_models(target: Optional[str], draft: Optional[str], dtype: str = "float32"):
@@ -173,8 +176,10 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "compiled": compiled, "compile_note": compile_note,
         "compile_time_s": warm.stats.compile_time_s + stats.compile_time_s,
         "lookup_proposed": stats.lookup_proposed, "lookup_accepted": stats.lookup_accepted,
+        "corpus_proposed": stats.corpus_proposed, "corpus_accepted": stats.corpus_accepted,
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens,
-                 "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram},
+                 "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram,
+                 "lookup_corpus": gen.tree.lookup_corpus and gen.draft.lookup_corpus is not None},
         "finish_reason": out.finish_reasons[0], "target": target_dir, "draft": draft_dir,
         "world_size": tp.world_size(),
         "attention": gen.attention_path,

@@ -309,7 +309,8 @@ def _config_row(name: str, gen, s: GenerationStats, warm: GenerationStats, base_
             "tokens_per_s": s.tokens_per_s, "speedup": s.tokens_per_s / base_rate,
             "acceptance_length": s.acceptance_length, "depth_acceptance": s.depth_acceptance,
             "lookup_tokens": tree.lookup_tokens, "lookup_proposed": s.lookup_proposed,
-            "lookup_accepted": s.lookup_accepted, "round_cost": round_cost(s, decode_step_s, tree),
+            "lookup_accepted": s.lookup_accepted, "corpus_proposed": s.corpus_proposed,
+            "corpus_accepted": s.corpus_accepted, "round_cost": round_cost(s, decode_step_s, tree),
             "roofline": estimate_round_cost(target, gen.draft, tree, rates, bs),
             "compiled": gen.compiled is not None, "compile_s": warm.compile_time_s + s.compile_time_s,
             "timed_compile_s": s.compile_time_s}

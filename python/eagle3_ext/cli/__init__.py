@@ -40,7 +40,7 @@ COMMANDS = {"bench": (bench.add_parser, bench.run), "convert": (convert.add_pars
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     nested = _train_subcommand(argv)
-    if nested is not None:  # `eagle3 [-v] train capture|regenerate|shrink-vocab ...`
+    if nested is not None:  # `eagle3 [-v] train capture|regenerate|shrink-vocab|ngrams ...`
         return _run_guarded(f"train {nested[0]}", nested[2], lambda: train.run_subcommand(nested[0], nested[1]))
     parser = argparse.ArgumentParser(prog="eagle3", description="EAGLE-3 speculative decoding")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level on stderr")
@@ -57,7 +57,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _train_subcommand(argv: List[str]):
-    """(name, its arguments, verbose) for `eagle3 [-v] train capture|regenerate|shrink-vocab ...`, else None."""
+    """(name, its arguments, verbose) for `eagle3 [-v] train capture|regenerate|shrink-vocab|ngrams ...`, else None."""
     verbose = bool(argv) and argv[0] in ("-v", "--verbose")
     rest = argv[1:] if verbose else argv
     if len(rest) >= 2 and rest[0] == "train" and rest[1] in train.SUBCOMMANDS:

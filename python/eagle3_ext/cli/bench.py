@@ -22,9 +22,10 @@ def add_parser(sub) -> None:
     p.add_argument("--num-prompts", type=T.integer(1), help="use only the first N prompts (e.g. to keep a sweep short)")
     p.add_argument("--max-new-tokens", type=T.integer(1), default=128)
     p.add_argument("--batch-sizes", type=T.integer(1), nargs="+", default=[1, 4])
-    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES[,LOOKUP][,sampled]",
-                   help="tree configurations to run, LOOKUP the lookup_tokens (default 0); ',sampled' draws a "
-                        "chain's tokens from the draft when sampling (default: chain5, 5,4,16, chain5 with lookup 10 "
+    p.add_argument("--tree", nargs="+", metavar="DEPTH,TOPK,NODES[,LOOKUP[,corpus]][,sampled]",
+                   help="tree configurations to run, LOOKUP the lookup_tokens (default 0; ',corpus' after it: "
+                        "also from the draft's n-gram table); ',sampled' draws a chain's tokens from the draft when "
+                        "sampling (default: chain5, 5,4,16, chain5 with lookup 10 "
                         "and 5,2,16,10)")
     p.add_argument("--sweep", action="store_true",
                    help="try a grid of depth / topk / num_draft_tokens / lookup at batch 1")
@@ -64,14 +65,15 @@ def _parse_trees(specs):
     for spec in specs:
         try:
             parts = spec.split(",")
-            sampled = parts[-1] == "sampled"
-            values = [int(x) for x in (parts[:-1] if sampled else parts)]
-            if len(values) not in (3, 4):
+            flag = parts[-1] if parts[-1] in ("sampled", "corpus") else None
+            values = [int(x) for x in (parts[:-1] if flag else parts)]
+            if len(values) not in (3, 4) or (flag == "corpus" and len(values) != 4):
                 raise ValueError
         except ValueError:
             raise BadInputError(f"--tree takes DEPTH,TOPK,NODES or DEPTH,TOPK,NODES,LOOKUP_TOKENS, optionally "
-                                f"followed by ,sampled, got {spec!r}") from None
-        tree = TreeConfig(*values[:3], lookup_tokens=values[3] if len(values) == 4 else 0, sampled=sampled)
+                                f"followed by ,sampled (or after LOOKUP_TOKENS by ,corpus), got {spec!r}") from None
+        tree = TreeConfig(*values[:3], lookup_tokens=values[3] if len(values) == 4 else 0, sampled=flag == "sampled",
+                          lookup_corpus=flag == "corpus")
         trees[tree.name] = tree
     return trees
 

@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
                         f"default {TreeConfig().lookup_tokens})")
     p.add_argument("--lookup-ngram", type=T.integer(1, TreeConfig.MAX_LOOKUP_NGRAM),
                    help=f"the longest context suffix the lookup matches (default {TreeConfig().lookup_ngram})")
+    p.add_argument("--lookup-corpus", action="store_true",
+                   help="hybrid drafting also from the n-gram table the draft ships (lookup_ngrams.safetensors) "
+                        "where the request's own tokens match little")
     p.add_argument("--chain", action="store_true", help="draft a chain (topk 1) of --depth tokens")
     p.add_argument("--sampled-draft", action="store_true",
                    help="when sampling: draw a chain of --depth tokens from the draft's distribution and verify "
@@ -77,7 +80,8 @@ def run(args) -> int:
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, depth=args.depth, topk=args.topk,
                               num_draft_tokens=args.num_draft_tokens, lookup_tokens=args.lookup_tokens,
-                              lookup_ngram=args.lookup_ngram, chain=args.chain,
+                              lookup_ngram=args.lookup_ngram, lookup_corpus=args.lookup_corpus,
+                              chain=args.chain,
                               sampled_draft=args.sampled_draft, attention=args.attention,
                               seed=args.seed, baseline=args.baseline, chat=args.chat, dtype=args.dtype,
                               draft_dtype=args.draft_dtype,
@@ -98,8 +102,10 @@ def run(args) -> int:
     else:  # the completion was streamed to stdout as it was accepted
         print("", file=sys.stderr)
         tree = report["tree"]
+        corpus = (f"; from the draft's n-gram table {report['corpus_accepted']} of {report['corpus_proposed']}"
+                  if tree["lookup_corpus"] else "")
         lookup = (f" lookup {tree['lookup_tokens']} ({report['lookup_accepted']} of {report['lookup_proposed']} "
-                  "lookup tokens accepted)" if tree["lookup_tokens"] else "")
+                  f"lookup tokens accepted{corpus})" if tree["lookup_tokens"] else "")
         line = (f"tree depth {tree['depth']} topk {tree['topk']} nodes {tree['num_draft_tokens']}{lookup}: "
                 f"{report['new_tokens']} tokens in {report['target_forwards']} target forwards, acceptance length "
                 f"{report['acceptance_length']:.2f}{_bound_text(report)}, {report['tokens_per_s']:.1f} tokens/s")

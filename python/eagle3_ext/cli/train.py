@@ -1,6 +1,7 @@
 """``eagle3 train``: train a draft (``train/trainer.py`` does the work); ``eagle3 train capture``,
-``eagle3 train regenerate`` and ``eagle3 train shrink-vocab`` are commands of their own
-(``train_capture.py``, ``train_regenerate.py``, ``train_shrink_vocab.py``), routed by ``SUBCOMMANDS``."""
+``eagle3 train regenerate``, ``eagle3 train shrink-vocab`` and ``eagle3 train ngrams`` are commands of
+their own (``train_capture.py``, ``train_regenerate.py``, ``train_shrink_vocab.py``, ``train_ngrams.py``),
+routed by ``SUBCOMMANDS``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ..api.settings import MAX_SEED
 from ..dtypes import DTYPES
 from ..errors import BadInputError
 from ..train.trainer import MAX_TTT_STEPS
-from . import train_capture, train_regenerate, train_shrink_vocab
+from . import train_capture, train_ngrams, train_regenerate, train_shrink_vocab
 from . import types as T
 
 
@@ -20,7 +21,8 @@ def add_parser(sub) -> None:
                        epilog="Data preparation: `eagle3 train capture ...` writes an offline cache of the "
                               "target's hidden states, `eagle3 train regenerate ...` rewrites chat data with the "
                               "target's own responses, `eagle3 train shrink-vocab ...` cuts a trained draft's "
-                              "vocabulary (each has --help).")
+                              "vocabulary, `eagle3 train ngrams ...` counts its n-gram table for hybrid drafting "
+                              "(each has --help).")
     p.add_argument("--target", type=T.target,
                    help="target model directory (AutoModelForCausalLM + tokenizer); not with --from-cache")
     p.add_argument("--data", nargs="+", type=T.readable_file,
@@ -122,6 +124,8 @@ SUBCOMMANDS = {
                    train_regenerate.add_regenerate_arguments, train_regenerate.run_regenerate),
     "shrink-vocab": ("cut a trained draft's vocabulary down to its most frequent tokens, without training again",
                      train_shrink_vocab.add_shrink_vocab_arguments, train_shrink_vocab.run_shrink_vocab),
+    "ngrams": ("count the n-gram table hybrid drafting reads beside a draft, from the data it was trained on",
+               train_ngrams.add_ngrams_arguments, train_ngrams.run_ngrams),
 }
 
 

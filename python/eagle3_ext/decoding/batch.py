@@ -90,8 +90,9 @@ class Batch:
                          for p, prefix in zip(prompts, prefixes)]
         tree = generator.tree
         if tree.lookup_tokens:
+            corpus = generator.draft.lookup_corpus if tree.lookup_corpus else None
             for r in self.requests:
-                r.lookup = NgramLookup(tree.lookup_ngram, tree.lookup_tokens)
+                r.lookup = NgramLookup(tree.lookup_ngram, tree.lookup_tokens, corpus)
                 r.lookup.tokens.extend(r.prompt)
         self.stats = GenerationStats(depth_accepted=[0] * generator.tree.depth)
         capacity, compiled_verify = 0, None
@@ -265,8 +266,13 @@ class Batch:
         for d in range(len(accepted) - 1):
             stats.depth_accepted[d] += 1
         if chain:
+            lookup = self.requests[self.rows.active[row]].lookup
+            matched = lookup.record(chain, accepted)
             stats.lookup_proposed += len(chain)
-            stats.lookup_accepted += self.requests[self.rows.active[row]].lookup.record(chain, accepted)
+            stats.lookup_accepted += matched
+            if lookup.from_corpus:
+                stats.corpus_proposed += len(chain)
+                stats.corpus_accepted += matched
 
     def emit(self, request: int, tokens: List[int]) -> None:
         """Appends a request's newly accepted tokens, up to its first stop (EOS, stop string,

@@ -12,11 +12,19 @@ cumulative draft probability (EAGLE-2's ranking); a lookup node at chain depth d
 where q is the request's measured per-token acceptance rate of its lookup chains (a
 Beta(1, 1) prior, so an unproven chain starts at 1/2 per token and earns nodes as it is
 accepted).
+
+With ``TreeConfig.lookup_corpus`` and a draft that ships an n-gram table of its training data
+(``draft/lookup_corpus.py``), a request whose own tokens give no match of at least two tokens
+takes the table's chain instead, when the table knows a longer context. Such a chain's node at depth d is scored by the product
+of the table's successor shares down to it, and its outcome is not counted in q, which stays
+the record of the request's own copies.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..draft.lookup_corpus import MIN_NGRAM, LookupCorpus
 
 
 class NgramLookup:
@@ -26,20 +34,34 @@ class NgramLookup:
     occurrence ends; it grows with the tokens, so each call costs O(new tokens * max_ngram).
     """
 
-    def __init__(self, max_ngram: int, max_tokens: int):
+    def __init__(self, max_ngram: int, max_tokens: int, corpus: Optional[LookupCorpus] = None):
         self.max_ngram = max_ngram
         self.max_tokens = max_tokens
+        self.corpus = corpus
         self.tokens: List[int] = []    # the request's prompt and emitted tokens; the caller appends
         self._last_end: Dict[Tuple[int, ...], int] = {}
         self._indexed = 1              # n-grams ending before this index are in _last_end
         self.accepted = 0              # lookup tokens the target accepted
         self.rejected = 0              # lookup chains cut short by the target
+        self._corpus_scores: Optional[List[float]] = None  # the last chain's, when the table gave it
 
     def propose(self) -> List[int]:
+        """The request's own continuation (``propose_copy``), or where that matched fewer than
+        MIN_NGRAM tokens and the corpus table knows a longer context, the table's."""
+        chain, matched = self.propose_copy()
+        self._corpus_scores = None
+        if self.corpus is not None and matched < MIN_NGRAM:
+            from_corpus, scores, context = self.corpus.propose(self.tokens, self.max_tokens)
+            if context > matched:
+                self._corpus_scores = scores
+                return from_corpus
+        return chain
+
+    def propose_copy(self) -> Tuple[List[int], int]:
         """The continuation of the tokens after the latest earlier occurrence of its longest
         matching suffix (at most max_ngram tokens), up to max_tokens long; [] if none matches.
         A match close to the end continues into its own copy, so a loop of period p yields a
-        full-length chain rather than p tokens."""
+        full-length chain rather than p tokens. Returns the chain and the suffix length matched."""
         tokens = self.tokens
         n_tokens = len(tokens)
         for end in range(self._indexed, n_tokens):  # every n-gram ending before the last token
@@ -53,8 +75,13 @@ class NgramLookup:
                 while len(out) < self.max_tokens:
                     i = start + len(out)
                     out.append(tokens[i] if i < n_tokens else out[i - n_tokens])
-                return out
-        return []
+                return out, n
+        return [], 0
+
+    @property
+    def from_corpus(self) -> bool:
+        """Whether the last proposed chain came from the corpus table."""
+        return self._corpus_scores is not None
 
     @property
     def rate(self) -> float:
@@ -62,7 +89,9 @@ class NgramLookup:
         return (self.accepted + 1) / (self.accepted + self.rejected + 2)
 
     def scores(self, length: int) -> List[float]:
-        """Estimated acceptance probability of the chain's nodes at depths 1..length."""
+        """Estimated acceptance probability of the last proposed chain's nodes at depths 1..length."""
+        if self.from_corpus:
+            return self._corpus_scores[:length]
         q = self.rate
         return [q ** d for d in range(1, length + 1)]
 
@@ -75,6 +104,8 @@ class NgramLookup:
             if a != b:
                 break
             matched += 1
+        if self.from_corpus:  # q is the record of the request's own copies
+            return matched
         self.accepted += matched
         if matched < len(placed):
             self.rejected += 1

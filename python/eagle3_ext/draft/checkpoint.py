@@ -24,6 +24,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import torch
 
 from ..errors import BadInputError, MissingPathError
+from . import lookup_corpus
 from .aux_layers import (CONVENTION, check_aux_layers, eagle_default_aux_layers,
                          resolve_aux_layer_ids, target_dims)
 from .config import Eagle3DraftConfig
@@ -183,6 +184,7 @@ def load_draft(cls, path: str, target_config: Any = None):
         raise BadInputError(f"{path} ({fmt} format): unexpected weights {sorted(unexpected)}, missing "
                             f"{sorted(missing)}{hint}")
     model.set_aux_layers(resolution)
+    model.lookup_corpus = lookup_corpus.load_beside(path)
     logger.info("loaded EAGLE-3 draft from %s (%s format)", path, fmt)
     if target_config is not None:
         model.validate_against_target(target_config)
@@ -273,7 +275,7 @@ def save_draft(model, path: str, fmt: str, safe_serialization: bool = True,
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    for stale in (SAFETENSORS_NAME, BIN_NAME, FINGERPRINT_NAME):
+    for stale in (SAFETENSORS_NAME, BIN_NAME, FINGERPRINT_NAME, lookup_corpus.FILE_NAME):
         if os.path.exists(os.path.join(path, stale)):
             os.remove(os.path.join(path, stale))
     if fmt != "eagle3_ext" and model.config.fingerprint is not None:
@@ -285,3 +287,5 @@ def save_draft(model, path: str, fmt: str, safe_serialization: bool = True,
         save_file(state, os.path.join(path, SAFETENSORS_NAME), metadata={"format": "pt"})
     else:
         torch.save(state, os.path.join(path, BIN_NAME))
+    if model.lookup_corpus is not None:  # every format: a file the other engines leave alone
+        model.lookup_corpus.save(os.path.join(path, lookup_corpus.FILE_NAME))

@@ -169,6 +169,8 @@ class Eagle3DraftModel(nn.Module):
         # Kept out of the buffers so that .to(bfloat16) cannot round the rope frequencies.
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
         self._embed: Optional[nn.Embedding] = None
+        # Hybrid drafting's n-gram table of the training data (lookup_corpus.py), where one ships.
+        self.lookup_corpus = None
 
     # --- aux layers ------------------------------------------------------------------------
     @property
@@ -218,6 +220,8 @@ class Eagle3DraftModel(nn.Module):
                 f"{self.t2d.numel()} entries): the draft was trained with another tokenizer")
         check_aux_layers(cfg.aux_layer_ids, layers, self.fc.in_features, hidden)
         self.check_vocab_mapping()
+        if self.lookup_corpus is not None:
+            self.lookup_corpus.check_vocab(vocab, "the draft")
         cfg.target_num_hidden_layers = layers
 
     def check_vocab_mapping(self) -> None:

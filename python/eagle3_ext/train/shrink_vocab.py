@@ -16,7 +16,7 @@ vocabulary before and after.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
 
@@ -24,39 +24,23 @@ from .. import validation
 from ..draft import Eagle3DraftModel
 from ..errors import BadInputError
 from ..preflight.loading import check_draft_dir, check_target_dir, load_tokenizer
-from .data import load_examples
-from .target_source import split_examples
-from .trainer import TrainConfig
+from .training_split import TrainingSplit
 from .vocab import shrink_draft_vocab, trained_token_counts
 
 
-@dataclass
-class ShrinkVocabConfig:
-    """As the training run was configured (its defaults are TrainConfig's), so that the same
-    examples are cut at the same length and the same ones are held out."""
-
+@dataclass(kw_only=True)
+class ShrinkVocabConfig(TrainingSplit):
     draft: str                  # the trained draft's directory
-    target: str                 # the target's directory: only its tokenizer is read
-    data: List[str]             # what the draft was trained on, as `eagle3 train --data` reads it
     draft_vocab_size: int
     out: str
-    max_len: int = TrainConfig.max_len
-    val_examples: int = TrainConfig.val_max_examples
-    seed: int = TrainConfig.seed
-    val_fraction: float = TrainConfig.val_fraction
 
     def validate(self) -> None:
         """Raises TypeError / ValueError (FileNotFoundError for a missing path) naming the first
         bad field. The draft vocabulary size is checked against the draft once it is loaded."""
         validation.existing_dir("draft", self.draft)
-        validation.existing_dir("target", self.target)
-        validation.existing_files("data", self.data)
+        super().validate()
         validation.integer("draft_vocab_size", self.draft_vocab_size, 1)
         validation.output_dir("out", self.out)
-        validation.integer("max_len", self.max_len, 4)
-        validation.integer("val_examples", self.val_examples, 1)
-        validation.integer("seed", self.seed, 0, 2**63 - 1)
-        validation.number("val_fraction", self.val_fraction, 0, 1, exclusive_minimum=True)
 
 
 def _coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:
@@ -74,10 +58,9 @@ def shrink_vocab(config: ShrinkVocabConfig) -> Dict[str, Any]:
     vocab = draft.t2d.numel()
     tokenizer = load_tokenizer(config.target)
     if len(tokenizer) > vocab:
-        raise BadInputError(f"target {config.target}: its tokenizer has {len(tokenizer)} tokens but the draft's "
-                            f"vocabulary map covers {vocab}: the draft was trained for another target")
-    examples = load_examples(config.data, tokenizer, config.max_len, vocab)
-    train, val = split_examples(examples, config.val_fraction, config.val_examples, config.seed)
+        raise BadInputError(f"target {config.target}: its tokenizer has {len(tokenizer)} tokens but the "
+                            f"draft's vocabulary map covers {vocab}: the draft was trained for another target")
+    train, val = config.examples(tokenizer, vocab)
     counts, val_counts = trained_token_counts(train, vocab), trained_token_counts(val, vocab)
     before = draft.config.draft_vocab_size
     coverage_before = (_coverage(counts, draft.t2d), _coverage(val_counts, draft.t2d))
