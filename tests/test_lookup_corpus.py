@@ -130,6 +130,10 @@ def test_files_that_are_no_table_are_errors_naming_them(tmp_path):
     save_file({"x": torch.zeros(2)}, str(other))
     with pytest.raises(BadInputError, match="other.safetensors: not an n-gram table"):
         LookupCorpus.load(str(other))
+    gap = LookupCorpus({2: {(1, 2): (3, 1.0)}, 4: {(1, 2, 3, 4): (5, 1.0)}}, 8, 1)  # no 3-token contexts
+    gap.save(str(tmp_path / "gap.safetensors"))
+    with pytest.raises(BadInputError, match=r"gap.safetensors: a damaged n-gram table \(context lengths \[2, 4\]"):
+        LookupCorpus.load(str(tmp_path / "gap.safetensors"))
 
 
 @pytest.mark.parametrize("fmt", ["eagle3_ext", "specforge", "vllm"])
@@ -151,6 +155,15 @@ def test_a_table_of_another_vocabulary_is_refused_by_the_target():
     draft.lookup_corpus = LookupCorpus({2: {}}, vocab_size=49152, min_count=2)
     with pytest.raises(BadInputError, match="counted over a vocabulary of 49152 tokens, the target has 8192"):
         SpeculativeGenerator.from_pretrained(target, draft, dtype="float32")
+
+
+def test_asking_for_a_table_the_draft_lacks_is_an_error():
+    target, draft = bundled_paths()  # the toy draft ships no table
+    gen = SpeculativeGenerator.from_pretrained(target, draft, dtype="float32",
+                                               tree=TreeConfig(3, 1, 10, lookup_tokens=6, lookup_corpus=True))
+    with pytest.raises(BadInputError, match=r"the draft ships no n-gram table \(lookup_ngrams.safetensors\); count "
+                                            "one with `eagle3 train ngrams`"):
+        gen.generate("def add(a, b):", max_new_tokens=4)
 
 
 def test_tree_labels_and_bench_specs_name_the_table():

@@ -73,6 +73,9 @@ class TreeConfig:
             raise BadInputTypeError(f"TreeConfig.sampled must be a bool, got {self.sampled!r}")
         if not isinstance(self.lookup_corpus, bool):
             raise BadInputTypeError(f"TreeConfig.lookup_corpus must be a bool, got {self.lookup_corpus!r}")
+        if self.lookup_corpus and not self.lookup_tokens:
+            raise BadInputError("TreeConfig.lookup_corpus needs lookup_tokens > 0 (the table's chains are lookup "
+                                "chains), got lookup_tokens=0")
         if self.sampled and (self.topk != 1 or self.lookup_tokens or self.num_draft_tokens != self.depth + 1):
             raise BadInputError(f"TreeConfig.sampled needs a chain without lookup (topk 1, lookup_tokens 0, "
                                 f"num_draft_tokens depth + 1), got depth={self.depth}, topk={self.topk}, "

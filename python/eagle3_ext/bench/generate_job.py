@@ -79,7 +79,7 @@ class GenerateRequest:
         "the default")."""
         default = TreeConfig()
         untouched = all(v is None for v in (self.depth, self.topk, self.num_draft_tokens, self.lookup_tokens,
-                                            self.lookup_ngram)) and not self.chain
+                                            self.lookup_ngram)) and not (self.chain or self.lookup_corpus)
         if self.temperature > 0 and untouched:  # sampling: the draft's own samples, p/q-verified
             return TreeConfig.chain(TreeConfig.SAMPLED_DEPTH, sampled=True)
         depth = default.depth if self.depth is None else self.depth
@@ -87,11 +87,12 @@ class GenerateRequest:
         ngram = default.lookup_ngram if self.lookup_ngram is None else self.lookup_ngram
         if self.sampled_draft:
             depth = TreeConfig.SAMPLED_DEPTH if self.depth is None else self.depth
-            if self.topk not in (None, 1) or self.lookup_tokens not in (None, 0) or \
+            if self.topk not in (None, 1) or self.lookup_tokens not in (None, 0) or self.lookup_corpus or \
                     self.num_draft_tokens not in (None, depth + 1):
                 raise BadInputError(f"--sampled-draft drafts a chain of --depth tokens without lookup (topk 1, "
-                                    f"lookup tokens 0, num_draft_tokens {depth + 1}), got --topk {self.topk}, "
-                                    f"--lookup-tokens {self.lookup_tokens}, --num-draft-tokens {self.num_draft_tokens}")
+                                    f"lookup tokens 0, num_draft_tokens {depth + 1}, no --lookup-corpus), got --topk "
+                                    f"{self.topk}, --lookup-tokens {self.lookup_tokens}, --num-draft-tokens "
+                                    f"{self.num_draft_tokens}" + (", --lookup-corpus" if self.lookup_corpus else ""))
             return TreeConfig.chain(depth, sampled=True)
         if self.chain:
             if self.topk not in (None, 1):

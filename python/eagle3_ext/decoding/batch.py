@@ -31,6 +31,8 @@ from ..api.settings import GenerateSettings
 from ..api.stats import GenerationStats
 from ..api.stopping import StopRule
 from ..compiled.verify import static_capacity
+from ..draft.lookup_corpus import FILE_NAME
+from ..errors import BadInputError
 from .acceptance_bound import acceptance_bound
 from .drafting import DraftInputs, DraftSampler, build_tree, candidate_scores, draft_steps, extend_eager
 from .lookup import NgramLookup, draft_nodes_to_keep
@@ -89,6 +91,9 @@ class Batch:
                                              settings.stop_strings, settings.tokenizer, criteria, prefix))
                          for p, prefix in zip(prompts, prefixes)]
         tree = generator.tree
+        if tree.lookup_corpus and generator.draft.lookup_corpus is None:
+            raise BadInputError(f"TreeConfig.lookup_corpus=True, but the draft ships no n-gram table "
+                                f"({FILE_NAME}); count one with `eagle3 train ngrams`")
         if tree.lookup_tokens:
             corpus = generator.draft.lookup_corpus if tree.lookup_corpus else None
             for r in self.requests:

@@ -142,8 +142,12 @@ class LookupCorpus:
                                 f"metadata expected, got {metadata})")
         try:
             vocab_size, min_count = int(header["vocab_size"]), int(header["min_count"])
+            ngrams = header["ngrams"]
+            if ngrams != list(range(MIN_NGRAM, MIN_NGRAM + len(ngrams))) or len(ngrams) > MAX_NGRAM - 1:
+                raise ValueError(f"context lengths {ngrams}, expected {MIN_NGRAM}, {MIN_NGRAM + 1}, ... at most "
+                                 f"{MAX_NGRAM}")
             table = {}
-            for n in header["ngrams"]:
+            for n in ngrams:
                 contexts, successors, shares = (tensors[f"{kind}.{n}"] for kind in ("context", "next", "share"))
                 if contexts.dim() != 2 or contexts.shape[1] != n or not (
                         len(contexts) == len(successors) == len(shares)):
