@@ -10,6 +10,7 @@ import shutil
 
 import torch
 
+from eagle3_ext.cli import main as cli_main
 from eagle3_ext.models import bundled_paths
 from tiny_models import corpus, make_target
 
@@ -38,6 +39,22 @@ def _copy_with(src: str, dst: str, weights: bytes = None, truncate: bool = False
         raw.update(config)
         _write(os.path.join(dst, "config.json"), json.dumps(raw))
     return dst
+
+
+def cli_error(command: list, options: dict, bad: list, values: dict, capsys) -> str:
+    """Runs ``eagle3 *command`` with good ``options`` ({flag: value}) and one bad argument: ``bad``
+    is a lone flag, or an option and the value that replaces its good one; every value is
+    formatted with ``values``. Asserts exit 2, no traceback and an error on the last line that
+    names the command, and returns that line."""
+    flags = bad if len(bad) == 1 else []
+    options = {**options, **(dict([bad]) if len(bad) == 2 else {})}
+    argv = [*command, *[x.format(**values) for pair in options.items() for x in pair], *flags]
+    rc = cli_main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"eagle3 {' '.join(command)}: error: "), last
+    return last
 
 
 def make(root: str) -> dict:

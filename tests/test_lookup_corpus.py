@@ -18,6 +18,7 @@ from eagle3_ext.draft.lookup_corpus import LookupCorpus
 from eagle3_ext.errors import BadInputError
 from eagle3_ext.models import bundled_paths
 from eagle3_ext.train.data import Example
+from bad_inputs import cli_error
 from tiny_models import corpus, make_trained_pair
 
 
@@ -238,10 +239,5 @@ def test_cli_bad_input_is_one_clear_line(trained, tmp_path, capsys, args, messag
     d, _, _ = trained
     values = {"missing": str(tmp_path / "missing"), "target": str(d / "target"), "draft": str(d / "draft")}
     options = {"--draft": "{draft}", "--target": "{target}", "--data": str(d / "data.jsonl"), "--max-len": "64"}
-    options.update(dict([args]))
-    argv = ["train", "ngrams", *[x.format(**values) for pair in options.items() for x in pair]]
-    rc = cli_main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err, err[-2000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("eagle3 train ngrams: error: ") and message.format(**values) in last, last
+    last = cli_error(["train", "ngrams"], options, args, values, capsys)
+    assert message.format(**values) in last, last

@@ -12,6 +12,7 @@ from eagle3_ext.cli import main as cli_main
 from eagle3_ext.errors import BadInputError
 from eagle3_ext.models import bundled_paths
 from eagle3_ext.train import ShrinkVocabConfig, TrainConfig, Trainer, shrink_draft_vocab, shrink_vocab, train
+from bad_inputs import cli_error
 from tiny_models import corpus, make_target
 
 
@@ -121,14 +122,8 @@ def test_cli_bad_input_is_one_clear_line(trained, tmp_path, capsys, args, messag
               "toy_target": bundled_paths()[0], "empty": str(empty)}
     options = {"--draft": "{draft}", "--target": "{target}", "--data": str(trained / "data.txt"),
                "--draft-vocab-size": "30", "--out": str(tmp_path / "out"), "--max-len": "64"}
-    flags = args if len(args) == 1 else []     # a flag stands alone; an option replaces its good value
-    options.update(dict([args]) if len(args) == 2 else {})
-    argv = ["train", "shrink-vocab", *[x.format(**values) for pair in options.items() for x in pair], *flags]
-    rc = cli_main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2 and "Traceback" not in err, err[-2000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("eagle3 train shrink-vocab: error: ") and message.format(**values) in last, last
+    last = cli_error(["train", "shrink-vocab"], options, args, values, capsys)
+    assert message.format(**values) in last, last
 
 
 @pytest.mark.parametrize("over, error, message", [

@@ -180,7 +180,7 @@ def run_generate(req: GenerateRequest, progress: bool = True) -> Dict[str, Any]:
         "corpus_proposed": stats.corpus_proposed, "corpus_accepted": stats.corpus_accepted,
         "tree": {"depth": gen.tree.depth, "topk": gen.tree.topk, "num_draft_tokens": gen.tree.num_draft_tokens,
                  "lookup_tokens": gen.tree.lookup_tokens, "lookup_ngram": gen.tree.lookup_ngram,
-                 "lookup_corpus": gen.tree.lookup_corpus and gen.draft.lookup_corpus is not None},
+                 "lookup_corpus": gen.tree.lookup_corpus},
         "finish_reason": out.finish_reasons[0], "target": target_dir, "draft": draft_dir,
         "world_size": tp.world_size(),
         "attention": gen.attention_path,

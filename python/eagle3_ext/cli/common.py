@@ -1,8 +1,10 @@
-"""What several commands share: the model flags (--pair, --target, --draft) and the dtypes."""
+"""What several commands share: the model flags (--pair, --target, --draft), the dtypes, and the
+flags that name a training run's data and split."""
 
 from __future__ import annotations
 
 
+from ..api.settings import MAX_SEED
 from ..dtypes import DTYPES
 from ..errors import BadInputError
 from ..models import PAIRS, pair
@@ -33,3 +35,24 @@ def add_dtype_options(p) -> None:
                    help="the target's dtype (the numbers that decide the output)")
     p.add_argument("--draft-dtype", choices=list(DTYPES),
                    help="the draft's dtype (default: as saved; it changes acceptance, never the output)")
+
+
+def add_split_arguments(p, defaults) -> None:
+    """The flags that name a training run's data and split (train.TrainingSplit; ``defaults``: the
+    config class whose defaults they take)."""
+    p.add_argument("--target", required=True, type=T.target,
+                   help="the target's directory or .gguf file (its tokenizer reads the data)")
+    p.add_argument("--data", required=True, nargs="+", type=T.readable_file,
+                   help="what the draft was trained on, as given to `eagle3 train --data`")
+    p.add_argument("--max-len", type=T.integer(4), default=defaults.max_len,
+                   help="as the training run's --max-len")
+    p.add_argument("--val-examples", type=T.integer(1), default=defaults.val_examples,
+                   help="as the training run's held-out split (at most this many sequences, 10%% of the data)")
+    p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=defaults.seed,
+                   help="as the training run's --seed")
+
+
+def split_of(args) -> dict:
+    """TrainingSplit's fields from the flags add_split_arguments added."""
+    return dict(target=args.target, data=args.data, max_len=args.max_len, val_examples=args.val_examples,
+                seed=args.seed)

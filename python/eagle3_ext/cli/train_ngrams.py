@@ -8,7 +8,7 @@ import json
 from ..draft import lookup_corpus
 from ..train.lookup_ngrams import NgramsConfig, count_lookup_ngrams
 from . import types as T
-from .train_shrink_vocab import add_split_arguments, split_of
+from .common import add_split_arguments, split_of
 
 
 def add_ngrams_arguments(p) -> None:

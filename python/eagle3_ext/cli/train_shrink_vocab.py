@@ -5,30 +5,9 @@ from __future__ import annotations
 
 import json
 
-from ..api.settings import MAX_SEED
 from ..train.shrink_vocab import ShrinkVocabConfig, shrink_vocab
-from ..train.training_split import TrainingSplit
 from . import types as T
-
-
-def add_split_arguments(p, defaults=TrainingSplit) -> None:
-    """The flags that name the training run's data and split (TrainingSplit)."""
-    p.add_argument("--target", required=True, type=T.target,
-                   help="the target's directory or .gguf file (its tokenizer reads the data)")
-    p.add_argument("--data", required=True, nargs="+", type=T.readable_file,
-                   help="what the draft was trained on, as given to `eagle3 train --data`")
-    p.add_argument("--max-len", type=T.integer(4), default=defaults.max_len,
-                   help="as the training run's --max-len")
-    p.add_argument("--val-examples", type=T.integer(1), default=defaults.val_examples,
-                   help="as the training run's held-out split (at most this many sequences, 10%% of the data)")
-    p.add_argument("--seed", type=T.integer(0, MAX_SEED), default=defaults.seed,
-                   help="as the training run's --seed")
-
-
-def split_of(args) -> dict:
-    """TrainingSplit's fields from the flags add_split_arguments added."""
-    return dict(target=args.target, data=args.data, max_len=args.max_len, val_examples=args.val_examples,
-                seed=args.seed)
+from .common import add_split_arguments, split_of
 
 
 def add_shrink_vocab_arguments(p) -> None:

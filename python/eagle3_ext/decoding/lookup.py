@@ -15,9 +15,9 @@ accepted).
 
 With ``TreeConfig.lookup_corpus`` and a draft that ships an n-gram table of its training data
 (``draft/lookup_corpus.py``), a request whose own tokens give no match of at least two tokens
-takes the table's chain instead, when the table knows a longer context. Such a chain's node at depth d is scored by the product
-of the table's successor shares down to it, and its outcome is not counted in q, which stays
-the record of the request's own copies.
+takes the table's chain instead, when the table knows a longer context. Such a chain's node at
+depth d is scored by the product of the table's successor shares down to it, and its outcome is
+not counted in q, which stays the record of the request's own copies.
 """
 
 from __future__ import annotations

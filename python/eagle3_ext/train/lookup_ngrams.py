@@ -66,7 +66,7 @@ def held_out_hits(table: LookupCorpus, examples) -> Dict[str, float]:
             if not trained[i]:
                 continue
             total += 1
-            chain, _, _ = table.propose(ids[:i], 1)
+            chain, _, _ = table.propose(ids[max(0, i - table.max_ngram):i], 1)  # all propose reads
             known += bool(chain)
             right += bool(chain) and chain[0] == ids[i]
     return {"held_out_known": known / total if total else 0.0, "held_out_right": right / total if total else 0.0}
