@@ -79,6 +79,7 @@ wait
 fi
 stage regenerate $(( SECONDS - t ))
 for half in greedy t07; do
+  [[ -e $work/regen-$half.jsonl ]] || continue  # REGENERATE=0 with every conversation in regen-greedy.jsonl
   echo "regen-$half: $(wc -l < "$work/regen-$half.jsonl") of $(wc -l < "$work/prompts-$half.jsonl") conversations"
   [[ -e $work/regen-$half.log ]] && tail -2 "$work/regen-$half.log"
 done
