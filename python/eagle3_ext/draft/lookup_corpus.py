@@ -143,7 +143,7 @@ class LookupCorpus:
         try:
             vocab_size, min_count = int(header["vocab_size"]), int(header["min_count"])
             ngrams = header["ngrams"]
-            if ngrams != list(range(MIN_NGRAM, MIN_NGRAM + len(ngrams))) or len(ngrams) > MAX_NGRAM - 1:
+            if ngrams != list(range(MIN_NGRAM, MIN_NGRAM + len(ngrams))) or len(ngrams) > MAX_NGRAM - MIN_NGRAM + 1:
                 raise ValueError(f"context lengths {ngrams}, expected {MIN_NGRAM}, {MIN_NGRAM + 1}, ... at most "
                                  f"{MAX_NGRAM}")
             table = {}
