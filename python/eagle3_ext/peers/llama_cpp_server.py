@@ -68,15 +68,20 @@ class LlamaServer:
         draft_max: draft tokens per round at most (``--spec-draft-n-max``).
         p_min: llama.cpp's confidence cut-off (``--spec-draft-p-min``): a chain stops at a draft
             token of lower probability; 0 (llama.cpp's default) drafts ``draft_max`` tokens a round.
+        repack: False passes ``--no-repack``: quantized weights stay in the file's layout instead of
+            being repacked for the CPU's wider kernels (AMX among them, whose repacked Q4_1 path
+            has crashed this llama.cpp on its first product).
 
     Both are fixed per process: this llama.cpp's server ignores the per-request speculative
     fields (its schema compiles them out), so each setting needs a server of its own.
     """
 
     def __init__(self, build: LlamaCppBuild, model: str, threads: int, context: int, draft: Optional[str] = None,
-                 draft_max: int = 5, p_min: float = 0.0):
+                 draft_max: int = 5, p_min: float = 0.0, repack: bool = True):
         self.command = [build.binary("llama-server"), "-m", model, "-t", str(threads), "-tb", str(threads),
                         "-c", str(context), "-np", "1", "--host", "127.0.0.1", "--no-webui"]
+        if not repack:
+            self.command.append("--no-repack")
         if draft is not None:
             self.command += ["-md", draft, "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(draft_max),
                              "--spec-draft-p-min", str(p_min), "-td", str(threads), "-tbd", str(threads)]
