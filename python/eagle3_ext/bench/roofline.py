@@ -23,7 +23,11 @@ import torch
 from ..api.config import TreeConfig
 from ..linear import gemm_dtype
 
-BANDWIDTH_BYTES = 256 << 20  # larger than any last-level cache, so the sum streams from memory
+BANDWIDTH_BYTES = 256 << 20  # larger than any last-level cache, so every read streams from memory
+# The matrix-vector read's row length. A sum alone can fall short of what the memory gives: on a
+# 2-core AVX-512 VM it read 20-22 GB/s where a product over the same bytes, the read a decode
+# step's linears make, read 28-30 GB/s (docs/perf_notes.md).
+GEMV_COLUMNS = 1024
 MATMUL_SIZE = 1024
 
 
@@ -48,14 +52,22 @@ def _best_of(fn, repeats: int = 5) -> float:
     return best
 
 
-def measure_machine(dtype: torch.dtype, device: str = "cpu") -> MachineRates:
-    """Memory bandwidth (a sum over 256 MB) and matmul rate (1024^3 in ``dtype``, or in float32
-    where ``gemm_dtype`` says so), best of five."""
+def read_bandwidth(device: str = "cpu") -> float:
+    """Memory read bandwidth in GB/s: the faster of two reads of the same 256 MB of float32, a sum
+    and a matrix-vector product, each best of five."""
     big = torch.ones(BANDWIDTH_BYTES // 4, dtype=torch.float32, device=device)
-    read_s = _best_of(lambda: big.sum().item())
+    matrix, vector = big.view(-1, GEMV_COLUMNS), torch.ones(GEMV_COLUMNS, device=device)
+    read_s = min(_best_of(lambda: big.sum().item()), _best_of(lambda: torch.mv(matrix, vector)[0].item()))
+    return BANDWIDTH_BYTES / read_s / 1e9
+
+
+def measure_machine(dtype: torch.dtype, device: str = "cpu") -> MachineRates:
+    """Memory bandwidth (``read_bandwidth``) and matmul rate (1024^3 in ``dtype``, or in float32
+    where ``gemm_dtype`` says so, best of five)."""
+    bandwidth = read_bandwidth(device)
     a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device).to(gemm_dtype(device, dtype))
     mm_s = _best_of(lambda: (a @ a)[0, 0].item())
-    return MachineRates(BANDWIDTH_BYTES / read_s / 1e9, 2.0 * MATMUL_SIZE ** 3 / mm_s / 1e9)
+    return MachineRates(bandwidth, 2.0 * MATMUL_SIZE ** 3 / mm_s / 1e9)
 
 
 def weights_read(model: torch.nn.Module) -> Dict[str, int]:
