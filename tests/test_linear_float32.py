@@ -29,7 +29,10 @@ class GemmDtypes(TorchDispatchMode):
 
 @pytest.fixture
 def no_native(monkeypatch):
+    """A CPU without native half-precision GEMMs, whose float32 products stay with ATen (the route
+    of float32 through oneDNN on AMD CPUs is tested in test_linear_onednn.py)."""
     monkeypatch.setattr(routes, "native_half_gemm", lambda dtype: dtype not in routes.HALF)
+    monkeypatch.setattr(routes, "onednn_float32", lambda: False)
 
 
 def _linear(rows, dtype, bias=True, seed=0):

@@ -1,5 +1,6 @@
 """Linear layers routed by their shape on CPU: few rows through the library's streaming kernel,
-many rows of half precision through float32 where the CPU has no native half-precision GEMM.
+many rows of half precision through float32 where the CPU has no native half-precision GEMM, and
+many rows of float32 through oneDNN where ATen's own float32 GEMM is slow.
 
 Few rows. A draft step multiplies one row per tree node (a chain: one row a request) by each
 weight, and a round's commit a handful: matrix-vector products, bound by reading the weight.
@@ -25,7 +26,17 @@ stream, a batch's many rows of half precision go through float32. On SmolLM2-135
 AVX2, a 6-token tree) its verify took 104-108 ms through ATen in bfloat16 and 48-51 ms streamed;
 96-108 ms against 58-62 ms in float32.
 
-Both routes are one ``TorchFunctionMode`` (``RoutedLinears``), which a compiled graph traces
+Many float32 rows on an AMD CPU. ATen multiplies float32 matrices through MKL on x86, which on
+AMD CPUs runs well below the hardware: on a 2-core AMD EPYC (AVX-512, AVX512-BF16) SmolLM2-135M's
+projections over 48 rows took 69 ms through ``F.linear`` and 40 ms through oneDNN
+(``torch.ops.mkldnn._linear_pointwise`` over the plain weight, reordered inside each call), 84
+against 48 ms over 64 rows, 118 against 62 over 96. There (``onednn_float32``) such products,
+``MIN_ROWS`` rows or more without gradients (the op has no backward), go to oneDNN: the target's
+prefill (a 48-token prompt's took 96 ms, 82 of them in its products) and a batch's eager verify.
+The result is the same product in another summation order. Elsewhere ATen keeps them (MKL was
+not measured to lose on Intel CPUs).
+
+Every route is one ``TorchFunctionMode`` (``RoutedLinears``), which a compiled graph traces
 away; in eager mode a mode's cost falls on every torch call it sees, so an eager forward routes
 its model's linear modules instead (``RoutedModules``, what ``eager_linears`` gives).
 """
@@ -128,6 +139,31 @@ def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+# --- many rows of float32 on an AMD CPU: oneDNN ------------------------------------------------
+def cpu_vendor() -> str:
+    """The CPU's vendor string (``vendor_id`` of /proc/cpuinfo: GenuineIntel, AuthenticAMD), or ""
+    where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+@functools.cache  # the CPU does not change; asked on every prefill
+def onednn_float32() -> bool:
+    """Whether many-row float32 products on this CPU go through oneDNN rather than ATen's GEMM
+    (module docstring): an AMD CPU, with oneDNN's linear in this torch build."""
+    if cpu_vendor() != "AuthenticAMD" or not torch.backends.mkldnn.is_available():
+        return False
+    return hasattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise")
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` through oneDNN (float32 on CPU, no gradients)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+
+
 # --- the one interceptor ----------------------------------------------------------------------
 def _linear_arguments(args, kwargs):
     """(input, weight, bias) of an ``F.linear`` call seen by a TorchFunctionMode."""
@@ -137,15 +173,23 @@ def _linear_arguments(args, kwargs):
     return x, weight, bias
 
 
+def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _routed(x: torch.Tensor, weight: torch.Tensor, bias, stream: Sequence[torch.dtype],
-            float32: bool) -> Optional[torch.Tensor]:
+            float32: bool, onednn: bool = False) -> Optional[torch.Tensor]:
     """``F.linear(x, weight, bias)`` by the route that applies (``RoutedLinears``), or None."""
     if weight.dtype == x.dtype:
         if x.dtype in stream and _few_cpu_rows(x) and not torch.is_grad_enabled():
             return torch.ops.eagle3.fused_aux_fc([x], weight, bias)
-        if float32 and x.dtype in HALF and x.numel() >= MIN_ROWS * x.shape[-1]:
+        many = x.numel() >= MIN_ROWS * x.shape[-1]
+        if float32 and x.dtype in HALF and many:
             out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
             return out.to(x.dtype)
+        if (onednn and many and x.dtype == torch.float32 and x.device.type == "cpu"
+                and (bias is None or bias.dtype == torch.float32) and not _needs_grad(x, weight, bias)):
+            return onednn_linear(x, weight, bias)
     return None
 
 
@@ -157,24 +201,28 @@ class RoutedLinears(TorchFunctionMode):
       every torch call passes through it (``RoutedModules`` routes one model's linears instead).
     - ``float32``: half precision of ``MIN_ROWS`` rows or more is multiplied in float32 and
       rounded back once (enter it through ``float32_gemms`` or ``eager_linears``, which check
-      the CPU)."""
+      the CPU).
+    - ``onednn``: float32 of ``MIN_ROWS`` rows or more on CPU, without gradients, runs through
+      oneDNN (likewise entered where ``onednn_float32`` says so)."""
 
-    def __init__(self, stream: Sequence[torch.dtype] = (), float32: bool = False):
+    def __init__(self, stream: Sequence[torch.dtype] = (), float32: bool = False, onednn: bool = False):
         super().__init__()
         self.stream = tuple(stream)
         self.float32 = float32
+        self.onednn = onednn
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
-            out = _routed(*_linear_arguments(args, kwargs), self.stream, self.float32)
+            out = _routed(*_linear_arguments(args, kwargs), self.stream, self.float32, self.onednn)
             if out is not None:
                 return out
         return func(*args, **kwargs)
 
 
-def _routed_forward(layer: nn.Linear, stream: Sequence[torch.dtype], float32: bool, x: torch.Tensor) -> torch.Tensor:
-    out = _routed(x, layer.weight, layer.bias, stream, float32)
+def _routed_forward(layer: nn.Linear, stream: Sequence[torch.dtype], float32: bool, onednn: bool,
+                    x: torch.Tensor) -> torch.Tensor:
+    out = _routed(x, layer.weight, layer.bias, stream, float32, onednn)
     return F.linear(x, layer.weight, layer.bias) if out is None else out
 
 
@@ -186,14 +234,16 @@ class RoutedModules:
     (best / median of 12 alternating runs, 2 cores of an AVX-512 VM). A module whose ``forward``
     is already its own (a hook library's wrapper) keeps it."""
 
-    def __init__(self, model: nn.Module, stream: Sequence[torch.dtype] = (), float32: bool = False):
+    def __init__(self, model: nn.Module, stream: Sequence[torch.dtype] = (), float32: bool = False,
+                 onednn: bool = False):
         self.layers = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in vars(m)]
         self.stream = tuple(stream)
         self.float32 = float32
+        self.onednn = onednn
 
     def __enter__(self) -> "RoutedModules":
         for layer in self.layers:
-            layer.forward = functools.partial(_routed_forward, layer, self.stream, self.float32)
+            layer.forward = functools.partial(_routed_forward, layer, self.stream, self.float32, self.onednn)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -203,19 +253,26 @@ class RoutedModules:
 
 def eager_linears(model: nn.Module):
     """A reusable context for eager forwards of ``model`` over any number of rows: on CPU, few
-    rows through the streaming kernel and, without a native GEMM for the model's half precision,
-    many rows in float32 (module docstring); elsewhere a no-op."""
+    rows through the streaming kernel and many rows in float32 without a native GEMM for the
+    model's half precision, or through oneDNN for a float32 model where ``onednn_float32`` (module
+    docstring); elsewhere a no-op."""
     weight = model.get_input_embeddings().weight
     device, dtype = weight.device, weight.dtype
     if device.type != "cpu":
         return contextlib.nullcontext()
-    return RoutedModules(model, stream=(dtype,), float32=dtype != gemm_dtype(device, dtype))
+    return RoutedModules(model, stream=(dtype,), float32=dtype != gemm_dtype(device, dtype),
+                         onednn=dtype == torch.float32 and onednn_float32())
 
 
 def float32_gemms(device: torch.device, dtype: torch.dtype, rows: int):
-    """A context in which half-precision ``F.linear`` of ``MIN_ROWS`` rows or more runs in float32
-    (module docstring), for forwards of about ``rows`` rows in ``dtype`` on ``device`` that has no
-    native GEMM for it; elsewhere a no-op (the mode's own cost falls on every op it sees)."""
-    if rows >= MIN_ROWS and dtype != gemm_dtype(device, dtype):
+    """A context for forwards of about ``rows`` rows in ``dtype`` on ``device`` (module docstring):
+    from ``MIN_ROWS`` rows on, half-precision ``F.linear`` runs in float32 where the CPU has no
+    native GEMM for it, and float32 ``F.linear`` through oneDNN where ``onednn_float32``;
+    elsewhere a no-op (the mode's own cost falls on every op it sees)."""
+    if rows < MIN_ROWS or torch.device(device).type != "cpu":
+        return contextlib.nullcontext()
+    if dtype != gemm_dtype(device, dtype):
         return RoutedLinears(float32=True)
+    if dtype == torch.float32 and onednn_float32():
+        return RoutedLinears(onednn=True)
     return contextlib.nullcontext()

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..draft import Eagle3DraftModel
-from ..linear import linear
+from ..linear import float32_gemms, linear
 
 STEP_DECAY = 0.8
 
@@ -197,8 +197,11 @@ def _rows_to_grid(values: torch.Tensor, rows: torch.Tensor, like: torch.Tensor) 
 
 def target_pass(target, capture, input_ids: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype):
     """The target's logits [B, T, V] and the captured aux hidden states (in ``dtype``) for a
-    right-padded batch, without gradients; ``capture`` is an attached AuxHiddenCapture."""
-    with torch.no_grad():
+    right-padded batch, without gradients; ``capture`` is an attached AuxHiddenCapture. Its
+    products take linear.py's many-row routes (SmolLM2-135M over 2 x 1024 tokens in float32 on a
+    2-core AMD EPYC: 3.7-4.1 s through ATen, 2.3-2.4 s through oneDNN)."""
+    weight = target.get_input_embeddings().weight
+    with torch.no_grad(), float32_gemms(weight.device, weight.dtype, input_ids.numel()):
         logits = target(input_ids=input_ids, attention_mask=valid.long()).logits
         aux = [a.to(dtype) for a in capture.take()]
     return logits, aux
