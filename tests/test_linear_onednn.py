@@ -1,6 +1,7 @@
 """The float32 route through oneDNN (linear.py): on an AMD CPU, float32 ``F.linear`` of many rows
-without gradients runs through oneDNN, computes the same product, and leaves every other product
-as it is; the generator's prefill takes it and stays token-identical to greedy decoding."""
+runs through oneDNN, computes the same product and the same gradients, and leaves every other
+product as it is; the generator's prefill takes it and stays token-identical to greedy decoding,
+and a float32 draft trains through it as through ATen."""
 
 import contextlib
 
@@ -33,8 +34,10 @@ class Products(TorchDispatchMode):
 
 
 @pytest.fixture
-def fresh_probe():
-    """onednn_float32 asks once per process (functools.cache): ask again here, and after."""
+def fresh_probe(monkeypatch):
+    """onednn_float32 asks once per process (functools.cache): ask again here, and after, with the
+    environment's override unset."""
+    monkeypatch.delenv(routes.ONEDNN_FLOAT32, raising=False)
     routes.onednn_float32.cache_clear()
     yield
     routes.onednn_float32.cache_clear()
@@ -60,6 +63,21 @@ def test_the_route_is_taken_on_amd_cpus_only(monkeypatch, fresh_probe, vendor, e
     assert routes.onednn_float32() is expected
     context = float32_gemms(torch.device("cpu"), torch.float32, MIN_ROWS)
     assert isinstance(context, RoutedLinears) is expected
+
+
+@pytest.mark.parametrize("value, vendor, expected", [("1", "GenuineIntel", True), ("0", "AuthenticAMD", False),
+                                                    ("", "AuthenticAMD", True), ("", "GenuineIntel", False)])
+def test_the_environment_overrides_the_vendor(monkeypatch, fresh_probe, value, vendor, expected):
+    monkeypatch.setenv(routes.ONEDNN_FLOAT32, value)
+    monkeypatch.setattr(routes, "cpu_vendor", lambda: vendor)
+    assert routes.onednn_float32() is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "2", " 1"])
+def test_a_bad_environment_value_names_the_variable(monkeypatch, fresh_probe, value):
+    monkeypatch.setenv(routes.ONEDNN_FLOAT32, value)
+    with pytest.raises(ValueError, match=rf"EAGLE3_ONEDNN_FLOAT32 must be 0 or 1, got {value!r}"):
+        routes.onednn_float32()
 
 
 def test_the_vendor_is_read_from_the_cpu(tmp_path, monkeypatch):
@@ -102,14 +120,65 @@ def test_a_strided_input_and_a_transposed_weight(amd):
     torch.testing.assert_close(out.double(), F.linear(x.double(), w.double()), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["few rows", "gradients", "bfloat16", "mixed bias", "intel"])
+@pytest.mark.parametrize("shape", [(MIN_ROWS, 96), (2, MIN_ROWS, 96)], ids=["2-D", "3-D"])
+@pytest.mark.parametrize("needs", ["all", "weight only"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradients_through_onednn_equal_those_of_the_product(amd, shape, needs, bias):
+    """The forward and each gradient's product run through oneDNN (none for an input that needs no
+    gradient); the gradients equal float64 autograd's of the same product."""
+    x, w, b = _linear(shape, bias=bias)
+    leaves = [w] + ([b] if bias else []) + ([x] if needs == "all" else [])
+    for t in leaves:
+        t.requires_grad_(True)
+    grad = torch.randn(*shape[:-1], 40, generator=torch.Generator().manual_seed(5))
+    spy = Products()
+    with RoutedLinears(onednn=True), spy:
+        F.linear(x, w, b).backward(grad)
+    assert spy.seen == ["onednn"] * (3 if needs == "all" else 2)
+    x64, w64 = x.detach().double().requires_grad_(needs == "all"), w.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_() if bias else None
+    F.linear(x64, w64, b64).backward(grad.double())
+    for ours, exact in [(w, w64)] + ([(b, b64)] if bias else []) + ([(x, x64)] if needs == "all" else []):
+        torch.testing.assert_close(ours.grad.double(), exact.grad, rtol=1e-5, atol=1e-5)
+    if needs != "all":
+        assert x.grad is None
+
+
+def test_a_float32_draft_trains_through_onednn_as_through_aten(monkeypatch, fresh_probe, tmp_path):
+    """The trainer's float32 steps (target pass, draft forward and backward) on an AMD CPU run
+    oneDNN products, on another CPU none; three steps end at the same validation loss."""
+    from eagle3_ext.train import TrainConfig, Trainer
+    from tiny_models import corpus, make_target
+
+    make_target(str(tmp_path / "target"), layers=4)
+    (tmp_path / "data.txt").write_text(corpus(200, seed=1))
+
+    def run(vendor):
+        monkeypatch.setattr(routes, "cpu_vendor", lambda: vendor)
+        routes.onednn_float32.cache_clear()
+        trainer = Trainer(TrainConfig(target=str(tmp_path / "target"), data=[str(tmp_path / "data.txt")],
+                                      out=str(tmp_path / vendor), ttt_steps=2, lr=1e-2, warmup_steps=1,
+                                      batch_tokens=512, max_len=64, eval_every=3, progress=False,
+                                      draft_vocab_size=200, max_steps=3, export_specforge=False,
+                                      export_vllm=False))
+        spy = Products()
+        with spy:
+            trainer.train()
+        return trainer.history[-1]["val_loss"], spy.seen
+
+    amd_loss, amd_products = run("AuthenticAMD")
+    intel_loss, intel_products = run("GenuineIntel")
+    assert amd_products.count("onednn") > amd_products.count("aten")
+    assert "onednn" not in intel_products
+    assert amd_loss == pytest.approx(intel_loss, rel=1e-3)
+
+
+@pytest.mark.parametrize("case", ["few rows", "bfloat16", "mixed bias", "intel"])
 def test_other_products_are_left_as_they_are(amd, monkeypatch, case):
     x, w, b = _linear((MIN_ROWS, 96))
     rows = MIN_ROWS
     if case == "few rows":
         x, rows = x[:MIN_ROWS - 1], MIN_ROWS - 1
-    if case == "gradients":
-        w.requires_grad_(True)
     if case == "bfloat16":
         x, w, b = x.bfloat16(), w.bfloat16(), b.bfloat16()
         monkeypatch.setattr(routes, "native_half_gemm", lambda dtype: True)
@@ -130,10 +199,7 @@ def test_other_products_are_left_as_they_are(amd, monkeypatch, case):
     with context, spy:
         out = F.linear(x, w, b)
     assert spy.seen and "onednn" not in spy.seen
-    if case == "gradients":
-        out.sum().backward()
-        assert w.grad is not None
-    assert torch.equal(out.detach(), F.linear(x, w, b).detach())
+    assert torch.equal(out, F.linear(x, w, b))
 
 
 def test_a_cuda_device_is_left_alone(amd):

@@ -30,11 +30,13 @@ Many float32 rows on an AMD CPU. ATen multiplies float32 matrices through MKL on
 AMD CPUs runs well below the hardware: on a 2-core AMD EPYC (AVX-512, AVX512-BF16) SmolLM2-135M's
 projections over 48 rows took 69 ms through ``F.linear`` and 40 ms through oneDNN
 (``torch.ops.mkldnn._linear_pointwise`` over the plain weight, reordered inside each call), 84
-against 48 ms over 64 rows, 118 against 62 over 96. There (``onednn_float32``) such products,
-``MIN_ROWS`` rows or more without gradients (the op has no backward), go to oneDNN: the target's
-prefill (a 48-token prompt's took 96 ms, 82 of them in its products) and a batch's eager verify.
-The result is the same product in another summation order. Elsewhere ATen keeps them (MKL was
-not measured to lose on Intel CPUs).
+against 48 ms over 64 rows, 118 against 62 over 96. There (``onednn_float32``) such products of
+``MIN_ROWS`` rows or more go to oneDNN, with a backward of oneDNN products where gradients are
+needed (``OneDNNLinear``): the target's prefill (a 48-token prompt's took 96 ms, 82 of them in its
+products), a batch's eager verify, the training target's pass and a float32 draft's training. The
+result is the same product in another summation order. Elsewhere ATen keeps them (MKL was not
+measured to lose on Intel CPUs); ``EAGLE3_ONEDNN_FLOAT32=1`` / ``=0`` turns the route on / off
+whatever the CPU.
 
 Every route is one ``TorchFunctionMode`` (``RoutedLinears``), which a compiled graph traces
 away; in eager mode a mode's cost falls on every torch call it sees, so an eager forward routes
@@ -45,12 +47,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from .errors import BadInputError
 
 # Rows up to which the streaming kernel runs (the op itself hands more to ATen, which wins
 # from about 24 rows on in bfloat16).
@@ -150,18 +155,59 @@ def cpu_vendor() -> str:
         return ""
 
 
+# Overrides the CPU's vendor for ``onednn_float32``: 1 (oneDNN wherever this torch build has its
+# linear), 0 (ATen everywhere); read once a process.
+ONEDNN_FLOAT32 = "EAGLE3_ONEDNN_FLOAT32"
+
+
 @functools.cache  # the CPU does not change; asked on every prefill
 def onednn_float32() -> bool:
     """Whether many-row float32 products on this CPU go through oneDNN rather than ATen's GEMM
-    (module docstring): an AMD CPU, with oneDNN's linear in this torch build."""
-    if cpu_vendor() != "AuthenticAMD" or not torch.backends.mkldnn.is_available():
+    (module docstring): an AMD CPU, with oneDNN's linear in this torch build, unless
+    ``EAGLE3_ONEDNN_FLOAT32`` says otherwise (a value other than 0 or 1 raises a ValueError naming
+    it)."""
+    wanted = os.environ.get(ONEDNN_FLOAT32, "")
+    if wanted not in ("", "0", "1"):
+        raise BadInputError(f"{ONEDNN_FLOAT32} must be 0 or 1, got {wanted!r}")
+    if wanted == "0" or (not wanted and cpu_vendor() != "AuthenticAMD") or not torch.backends.mkldnn.is_available():
         return False
     return hasattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise")
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through oneDNN (float32 on CPU, no gradients)."""
+    """``F.linear(x, weight, bias)`` through oneDNN (float32 on CPU), differentiable: the op has no
+    backward of its own, so ``OneDNNLinear`` gives it one where gradients are needed."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return OneDNNLinear.apply(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` through oneDNN with both backward products through oneDNN too: the input's
+    gradient is ``grad @ weight`` (a linear with ``weight.t()``), the weight's ``grad^T @ x`` (a
+    linear of ``grad^T`` with ``x^T``). Training the draft in float32 on an AMD CPU takes this
+    route (SmolLM2's draft shapes over 4096 rows: 175-217 GFLOP/s through ATen in the three
+    products, 247-497 through oneDNN; docs/perf_notes.md)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [None], "")
+        rows = grad.reshape(-1, grad.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.ops.mkldnn._linear_pointwise(rows.t(), x.reshape(-1, x.shape[-1]).t(), None, "none",
+                                                         [None], "")
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = rows.sum(0)
+        return grad_x, grad_w, grad_b
 
 
 # --- the one interceptor ----------------------------------------------------------------------
@@ -171,10 +217,6 @@ def _linear_arguments(args, kwargs):
     weight = args[1] if len(args) > 1 else kwargs["weight"]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     return x, weight, bias
-
-
-def _needs_grad(*tensors: Optional[torch.Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _routed(x: torch.Tensor, weight: torch.Tensor, bias, stream: Sequence[torch.dtype],
@@ -188,7 +230,7 @@ def _routed(x: torch.Tensor, weight: torch.Tensor, bias, stream: Sequence[torch.
             out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
             return out.to(x.dtype)
         if (onednn and many and x.dtype == torch.float32 and x.device.type == "cpu"
-                and (bias is None or bias.dtype == torch.float32) and not _needs_grad(x, weight, bias)):
+                and (bias is None or bias.dtype == torch.float32)):
             return onednn_linear(x, weight, bias)
     return None
 
@@ -202,8 +244,8 @@ class RoutedLinears(TorchFunctionMode):
     - ``float32``: half precision of ``MIN_ROWS`` rows or more is multiplied in float32 and
       rounded back once (enter it through ``float32_gemms`` or ``eager_linears``, which check
       the CPU).
-    - ``onednn``: float32 of ``MIN_ROWS`` rows or more on CPU, without gradients, runs through
-      oneDNN (likewise entered where ``onednn_float32`` says so)."""
+    - ``onednn``: float32 of ``MIN_ROWS`` rows or more on CPU runs through oneDNN, differentiable
+      (likewise entered where ``onednn_float32`` says so)."""
 
     def __init__(self, stream: Sequence[torch.dtype] = (), float32: bool = False, onednn: bool = False):
         super().__init__()

@@ -9,6 +9,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -20,6 +21,7 @@ from ..draft.aux_layers import CONVENTION_DOC, target_dims
 from ..draft.config import SUPPORTED_ROPE_TYPES
 from ..dtypes import DTYPES, check_dtype_name
 from ..errors import BadInputError, MissingPathError
+from ..linear import float32_gemms
 from ..preflight.loading import check_device, default_device
 from .cache import CAPTURE_FIELDS, CachedTarget
 from .data import batches
@@ -281,7 +283,10 @@ class Trainer:
         ids, loss_mask, valid, aux, target = self.source.batch(batch, device)
         amp = DTYPES[self.config.amp] if self.config.amp else None
         # Master weights and the losses stay fp32; autocast runs the draft's matmuls in ``amp``.
-        with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+        # Without it, a float32 draft's products take linear.py's many-row routes. Under autocast
+        # they stay off: the routing mode sees F.linear before autocast does and would bypass it.
+        routes = float32_gemms(device, self.draft.fc.weight.dtype, ids.numel()) if amp is None else nullcontext()
+        with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp, enabled=amp is not None), routes:
             return ttt_forward(self.draft, aux, target, ids, loss_mask, valid, steps,
                                reduce_counts=self.dp.sum if self.dp.enabled else None, compiled=self.config.compile)
 
