@@ -61,3 +61,25 @@ def test_bandwidth_is_the_faster_of_two_reads(monkeypatch, sum_s, product_s):
     times = iter([sum_s, product_s])   # read_bandwidth times the sum first, then the product
     monkeypatch.setattr(roofline, "_best_of", lambda fn: (fn(), next(times))[1])
     assert read_bandwidth() == pytest.approx(BANDWIDTH_BYTES / 0.25 / 1e9)
+
+
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn route", "aten only"])
+@pytest.mark.parametrize("aten_s, onednn_s", [(0.5, 0.25), (0.25, 0.5)], ids=["onednn-faster", "aten-faster"])
+def test_matmul_rate_is_the_faster_of_the_routes_the_library_takes(monkeypatch, onednn, aten_s, onednn_s):
+    """Where float32 products go through oneDNN (an AMD CPU), the matmul rate is the faster of
+    ATen's and oneDNN's; elsewhere ATen's alone."""
+    from eagle3_ext import linear as routes
+
+    monkeypatch.setattr(roofline, "read_bandwidth", lambda device="cpu": 1.0)
+    monkeypatch.setattr(roofline, "onednn_float32", lambda: onednn)
+    times = iter([aten_s, onednn_s])   # ATen's product is timed first
+    monkeypatch.setattr(roofline, "_best_of", lambda fn: (fn(), next(times))[1])
+    if onednn and not hasattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise"):
+        pytest.skip("this torch build has no oneDNN linear")
+    called = []
+    real = routes.onednn_linear
+    monkeypatch.setattr(roofline, "onednn_linear", lambda *a: called.append(1) or real(*a))
+    rate = measure_machine(torch.float32).matmul_gflop_s
+    flop = 2.0 * roofline.MATMUL_SIZE ** 3
+    assert rate == pytest.approx(flop / (min(aten_s, onednn_s) if onednn else aten_s) / 1e9)
+    assert bool(called) is onednn
