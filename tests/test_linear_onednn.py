@@ -173,7 +173,11 @@ def test_a_float32_draft_trains_through_onednn_as_through_aten(monkeypatch, fres
     assert amd_loss == pytest.approx(intel_loss, rel=1e-3)
 
 
-@pytest.mark.parametrize("case", ["few rows", "bfloat16", "mixed bias", "intel"])
+class Wrapped(torch.Tensor):
+    """A tensor subclass, as a tensor-parallel target's DTensor weights are."""
+
+
+@pytest.mark.parametrize("case", ["few rows", "bfloat16", "mixed bias", "intel", "subclass"])
 def test_other_products_are_left_as_they_are(amd, monkeypatch, case):
     x, w, b = _linear((MIN_ROWS, 96))
     rows = MIN_ROWS
@@ -184,6 +188,8 @@ def test_other_products_are_left_as_they_are(amd, monkeypatch, case):
         monkeypatch.setattr(routes, "native_half_gemm", lambda dtype: True)
     if case == "mixed bias":
         b = b.double()
+    if case == "subclass":
+        w = w.as_subclass(Wrapped)
     if case == "intel":
         monkeypatch.setattr(routes, "cpu_vendor", lambda: "GenuineIntel")
         routes.onednn_float32.cache_clear()

@@ -219,6 +219,12 @@ def _linear_arguments(args, kwargs):
     return x, weight, bias
 
 
+def _plain(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether these are plain tensors (or parameters): a subclass (a tensor-parallel target's
+    DTensor weights) has no rule for oneDNN's op, so it keeps ``F.linear``."""
+    return all(t is None or type(t) in (torch.Tensor, nn.Parameter) for t in tensors)
+
+
 def _routed(x: torch.Tensor, weight: torch.Tensor, bias, stream: Sequence[torch.dtype],
             float32: bool, onednn: bool = False) -> Optional[torch.Tensor]:
     """``F.linear(x, weight, bias)`` by the route that applies (``RoutedLinears``), or None."""
@@ -230,7 +236,7 @@ def _routed(x: torch.Tensor, weight: torch.Tensor, bias, stream: Sequence[torch.
             out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
             return out.to(x.dtype)
         if (onednn and many and x.dtype == torch.float32 and x.device.type == "cpu"
-                and (bias is None or bias.dtype == torch.float32)):
+                and (bias is None or bias.dtype == torch.float32) and _plain(x, weight, bias)):
             return onednn_linear(x, weight, bias)
     return None
 
