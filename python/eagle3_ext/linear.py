@@ -174,12 +174,17 @@ def onednn_float32() -> bool:
     return hasattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise")
 
 
+def _onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` by oneDNN's linear, no fused activation (no autograd)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+
+
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` through oneDNN (float32 on CPU), differentiable: the op has no
     backward of its own, so ``OneDNNLinear`` gives it one where gradients are needed."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return OneDNNLinear.apply(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+    return _onednn_product(x, weight, bias)
 
 
 class OneDNNLinear(torch.autograd.Function):
@@ -193,18 +198,17 @@ class OneDNNLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+        return _onednn_product(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [None], "")
+            grad_x = _onednn_product(grad, weight.t())
         rows = grad.reshape(-1, grad.shape[-1])
         if ctx.needs_input_grad[1]:
-            grad_w = torch.ops.mkldnn._linear_pointwise(rows.t(), x.reshape(-1, x.shape[-1]).t(), None, "none",
-                                                         [None], "")
+            grad_w = _onednn_product(rows.t(), x.reshape(-1, x.shape[-1]).t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = rows.sum(0)
         return grad_x, grad_w, grad_b
